@@ -1,0 +1,139 @@
+//! The SQL functions: thin wrappers over `layout` and `generator`.
+
+use crate::errors::SnowidError;
+use crate::generator::{IssuingState, StampRun, SystemClock};
+use crate::layout::{self, IDS_PER_MILLI};
+use crate::{gucs, shmem};
+use pgrx::prelude::*;
+
+/// The largest count `snowid_next_batch` accepts: one second of the layout's capacity.
+const MAX_BATCH: u32 = 4_096_000;
+
+/// This server's generator, checked ready to issue.
+struct Issuer {
+    state: &'static IssuingState,
+    worker_id: u16,
+    function: &'static str,
+}
+
+impl Issuer {
+    fn get(function: &'static str) -> Issuer {
+        let Some(state) = shmem::issuing_state() else {
+            SnowidError::NotPreloaded.raise(function)
+        };
+        let Some(worker_id) = gucs::worker_id() else {
+            SnowidError::WorkerIdUnset.raise(function)
+        };
+        Issuer { state, worker_id, function }
+    }
+
+    fn claim(&self, wanted: u32) -> StampRun {
+        self.state
+            .issue(&SystemClock, &shmem::SlowPath, wanted, gucs::max_clock_backward_ms())
+            .unwrap_or_else(|refusal| SnowidError::Refused(refusal).raise(self.function))
+    }
+}
+
+/// A fresh id, greater than every id this server issued before it.
+#[pg_extern(volatile, parallel_safe)]
+fn snowid_next() -> i64 {
+    let issuer = Issuer::get("snowid_next");
+    layout::id_from_stamp(issuer.claim(1).first, issuer.worker_id)
+}
+
+/// `count` fresh ids in increasing order, claimed a millisecond's worth at a time.
+#[pg_extern(volatile, parallel_safe)]
+fn snowid_next_batch(count: i32) -> SetOfIterator<'static, i64> {
+    let Some(wanted) = u32::try_from(count).ok().filter(|wanted| (1..=MAX_BATCH).contains(wanted))
+    else {
+        SnowidError::BatchCountOutOfRange { count, max: MAX_BATCH }.raise("snowid_next_batch")
+    };
+    let issuer = Issuer::get("snowid_next_batch");
+    let worker_id = issuer.worker_id;
+    let mut remaining = wanted;
+    let runs = std::iter::from_fn(move || {
+        (remaining > 0).then(|| {
+            let run = issuer.claim(remaining.min(IDS_PER_MILLI as u32));
+            remaining -= run.count;
+            run
+        })
+    });
+    SetOfIterator::new(runs.flat_map(move |run| {
+        (run.first..=run.last()).map(move |stamp| layout::id_from_stamp(stamp, worker_id))
+    }))
+}
+
+fn decode(id: i64, function: &'static str) -> layout::Decoded {
+    layout::decode(id).unwrap_or_else(|negative| SnowidError::NegativeId(negative).raise(function))
+}
+
+/// The start of the millisecond in which the id was made.
+#[pg_extern(immutable, parallel_safe)]
+fn snowid_timestamp(id: i64) -> TimestampWithTimeZone {
+    let micros = layout::postgres_micros_of_millis(decode(id, "snowid_timestamp").millis);
+    TimestampWithTimeZone::try_from(micros).expect("every millisecond of the layout is a timestamp")
+}
+
+#[pg_extern(immutable, parallel_safe)]
+fn snowid_worker_id(id: i64) -> i32 {
+    decode(id, "snowid_worker_id").worker_id.into()
+}
+
+#[pg_extern(immutable, parallel_safe)]
+fn snowid_sequence(id: i64) -> i32 {
+    decode(id, "snowid_sequence").sequence.into()
+}
+
+/// The smallest id of the millisecond containing `ts`: ids made in [a, b) are exactly those with
+/// `id >= snowid_from_timestamp(a) AND id < snowid_from_timestamp(b)`.
+#[pg_extern(immutable, parallel_safe)]
+fn snowid_from_timestamp(ts: TimestampWithTimeZone) -> i64 {
+    const FUNCTION: &str = "snowid_from_timestamp";
+    if ts.is_infinity() || ts.is_neg_infinity() {
+        SnowidError::InfiniteTimestamp.raise(FUNCTION)
+    }
+    layout::first_id_at_postgres_micros(ts.into())
+        .unwrap_or_else(|range| SnowidError::TimestampOutOfRange(range).raise(FUNCTION))
+}
+
+extension_sql!(
+    r#"
+CREATE FUNCTION snowid_decode(id bigint, OUT created_at timestamptz, OUT worker_id integer, OUT sequence integer)
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$ SELECT @extschema@.snowid_timestamp(id), @extschema@.snowid_worker_id(id), @extschema@.snowid_sequence(id) $$;
+COMMENT ON FUNCTION snowid_decode(bigint) IS 'The time, worker id and sequence an id was made with';
+"#,
+    name = "snowid_decode",
+    requires = [snowid_timestamp, snowid_worker_id, snowid_sequence]
+);
+
+/// This server's generator: its worker id, the last id it issued, and counters since the server
+/// started.
+#[pg_extern(volatile)]
+#[allow(clippy::type_complexity)]
+fn snowid_status() -> TableIterator<
+    'static,
+    (
+        name!(worker_id, Option<i32>),
+        name!(last_id, Option<i64>),
+        name!(ids_issued, i64),
+        name!(clock_backward_waits, i64),
+        name!(clock_backward_refusals, i64),
+        name!(sequence_overflow_waits, i64),
+    ),
+> {
+    let Some(state) = shmem::issuing_state() else {
+        SnowidError::NotPreloaded.raise("snowid_status")
+    };
+    let worker_id = gucs::worker_id();
+    let snapshot = state.snapshot();
+    let count = |counter: u64| i64::try_from(counter).unwrap_or(i64::MAX);
+    TableIterator::once((
+        worker_id.map(i32::from),
+        snapshot.last_stamp.zip(worker_id).map(|(stamp, worker)| layout::id_from_stamp(stamp, worker)),
+        count(snapshot.ids_issued),
+        count(snapshot.clock_backward_waits),
+        count(snapshot.clock_backward_refusals),
+        count(snapshot.sequence_overflow_waits),
+    ))
+}

@@ -1,0 +1,100 @@
+//! Every error snowid raises: its SQLSTATE, message, detail and hint, in one place.
+//!
+//! Two SQLSTATE classes tell the caller what to do:
+//! - class 55, `55000` object_not_in_prerequisite_state: snowid cannot issue on this server right
+//!   now (not preloaded, no worker id, clock behind). The input was fine; retry once the cause named
+//!   in the message is gone.
+//! - class 22, data exceptions: the input is wrong, and retrying the same call fails the same way.
+
+use crate::generator::Refusal;
+use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+pub enum SnowidError {
+    NotPreloaded,
+    WorkerIdUnset,
+    Refused(Refusal),
+    NegativeId(NegativeId),
+    InfiniteTimestamp,
+    TimestampOutOfRange(TimestampOutOfRange),
+    BatchCountOutOfRange { count: i32, max: u32 },
+}
+
+impl SnowidError {
+    /// Raises the error; PostgreSQL aborts the statement, nothing it did is kept.
+    pub fn raise(self, function: &'static str) -> ! {
+        use PgSqlErrorCode::*;
+        let report = match self {
+            SnowidError::NotPreloaded => ErrorReport::new(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "snowid must be loaded via shared_preload_libraries",
+                function,
+            )
+            .set_hint(
+                "Add snowid to shared_preload_libraries in postgresql.conf and restart the server.",
+            ),
+            SnowidError::WorkerIdUnset => ErrorReport::new(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "snowid.worker_id is not set",
+                function,
+            )
+            .set_detail("snowid does not guess a worker id: two servers with the same one could make the same ids.")
+            .set_hint(format!(
+                "Choose a worker id from 0 to {MAX_WORKER_ID} that no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and restart the server."
+            )),
+            SnowidError::Refused(Refusal::ClockBehind { by_ms }) => {
+                let message = format!(
+                    "snowid refuses to issue ids: the system clock is {by_ms} ms behind the last id issued"
+                );
+                pgrx::warning!("{message}");
+                ErrorReport::new(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, message, function)
+                    .set_detail("The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.")
+                    .set_hint("Retry once the clock has caught up; check the server's time synchronisation.")
+            }
+            SnowidError::Refused(Refusal::ClockOutOfRange(range)) => ErrorReport::new(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                match range {
+                    TimestampOutOfRange::BeforeEpoch => {
+                        "snowid refuses to issue ids: the system clock reads a time before 2026-01-01"
+                    }
+                    TimestampOutOfRange::AfterLastMillisecond => {
+                        "snowid refuses to issue ids: the system clock reads a time after 2095-09-07 15:47:35.551 UTC, the last the id layout can hold"
+                    }
+                },
+                function,
+            )
+            .set_hint("Check the server's system clock."),
+            SnowidError::NegativeId(NegativeId(id)) => ErrorReport::new(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("{id} is not a snowid id: ids are never negative"),
+                function,
+            ),
+            SnowidError::InfiniteTimestamp => ErrorReport::new(
+                ERRCODE_DATETIME_FIELD_OVERFLOW,
+                "snowid ids do not reach an infinite timestamp",
+                function,
+            )
+            .set_hint("Use a finite timestamp from 2026-01-01 00:00:00 UTC to 2095-09-07 15:47:35.551 UTC."),
+            SnowidError::TimestampOutOfRange(range) => ErrorReport::new(
+                ERRCODE_DATETIME_FIELD_OVERFLOW,
+                match range {
+                    TimestampOutOfRange::BeforeEpoch => {
+                        "timestamp is before 2026-01-01 00:00:00 UTC, the first that snowid ids hold"
+                    }
+                    TimestampOutOfRange::AfterLastMillisecond => {
+                        "timestamp is after 2095-09-07 15:47:35.551 UTC, the last that snowid ids hold"
+                    }
+                },
+                function,
+            ),
+            SnowidError::BatchCountOutOfRange { count, max } => ErrorReport::new(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("snowid_next_batch count must be between 1 and {max}, not {count}"),
+                function,
+            ),
+        };
+        report.report(PgLogLevel::ERROR);
+        unreachable!("an ERROR report does not return")
+    }
+}

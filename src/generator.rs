@@ -1,0 +1,477 @@
+//! The issuing state machine: which stamps (millisecond and sequence) a server may hand out next.
+//!
+//! One 64-bit word holds the last stamp issued. A caller reads the clock and the word, works out the
+//! next free stamps, and claims them with a compare-and-swap; whoever loses the race reads again.
+//! Stamps therefore increase strictly in the order they are claimed, across every process that shares
+//! the word, and no stamp is ever claimed twice. The millisecond of a claimed stamp is always the
+//! clock's reading at that moment: time is never borrowed from the future.
+//!
+//! Two situations need waiting, both by re-reading the clock (a sleep of a whole millisecond would
+//! halve throughput):
+//! - all 4,096 sequences of the current millisecond are used: spin until the next millisecond;
+//! - the clock reads earlier than the last stamp: if the step back is at most `max_backward_ms`, wait
+//!   until the clock catches up, one waiter at a time under the caller's slow-path lock; otherwise
+//!   refuse.
+//!
+//! A wait never outlasts `max_backward_ms + STALLED_CLOCK_MS` of monotonic time: a wall clock that does
+//! not move is refused rather than spun on forever.
+
+use crate::layout::{self, TimestampOutOfRange, IDS_PER_MILLI};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long, beyond the permitted step back, a wait may last before the wall clock counts as stuck.
+const STALLED_CLOCK_MS: u64 = 10;
+
+pub trait Clock {
+    /// Wall-clock time in Unix milliseconds; this is what goes into ids.
+    fn unix_millis(&self) -> i64;
+    /// Time that never steps back; it only bounds waits.
+    fn monotonic(&self) -> Instant;
+}
+
+/// The server's clocks.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn unix_millis(&self) -> i64 {
+        match SystemTime::now().duration_since(UNIX_EPOCH) {
+            Ok(since) => since.as_millis() as i64,
+            Err(before) => -(before.duration().as_millis() as i64),
+        }
+    }
+
+    fn monotonic(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// Serialises the rare waits for a clock that stepped back, so that waiting callers sleep on the lock
+/// instead of all spinning on the clock.
+pub trait SlowPathLock {
+    fn exclusive<R>(&self, wait: impl FnOnce() -> R) -> R;
+}
+
+/// Why no id can be issued now. Every refusal is temporary: retrying once the clock is right succeeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The clock reads `by_ms` milliseconds earlier than the ids already issued allow.
+    ClockBehind { by_ms: u64 },
+    /// The clock reads a time the layout cannot hold.
+    ClockOutOfRange(TimestampOutOfRange),
+}
+
+/// Consecutive stamps of one millisecond, claimed together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StampRun {
+    pub first: u64,
+    pub count: u32,
+}
+
+impl StampRun {
+    pub fn last(&self) -> u64 {
+        self.first + u64::from(self.count) - 1
+    }
+}
+
+/// What the clock and the last stamp allow right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    Claim(StampRun),
+    WaitForNextMilli,
+    ClockBehind { by_ms: u64 },
+}
+
+/// Stamp 0 is never issued, so 0 in the word means "nothing issued yet".
+fn next(last_stamp: u64, now_millis: u64, wanted: u32) -> Next {
+    let last_millis = layout::stamp_millis(last_stamp);
+    if now_millis < last_millis {
+        return Next::ClockBehind { by_ms: last_millis - now_millis };
+    }
+    let first = if now_millis > last_millis { layout::stamp(now_millis, 0) } else { last_stamp + 1 };
+    if layout::stamp_millis(first) != now_millis {
+        return Next::WaitForNextMilli;
+    }
+    let room = IDS_PER_MILLI - layout::stamp_sequence(first);
+    Next::Claim(StampRun { first, count: room.min(u64::from(wanted)) as u32 })
+}
+
+/// The generator's shared state: the last stamp and the counters, all plain atomics so that the state
+/// can live in shared memory. All zeroes is the valid initial state.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct IssuingState {
+    last_stamp: AtomicU64,
+    ids_issued: AtomicU64,
+    sequence_overflow_waits: AtomicU64,
+    clock_backward_waits: AtomicU64,
+    clock_backward_refusals: AtomicU64,
+}
+
+/// The state's counters at one moment, for `snowid_status()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot {
+    pub last_stamp: Option<u64>,
+    pub ids_issued: u64,
+    pub sequence_overflow_waits: u64,
+    pub clock_backward_waits: u64,
+    pub clock_backward_refusals: u64,
+}
+
+impl IssuingState {
+    /// Claims up to `wanted` (1..=4096) consecutive stamps of the current millisecond: fewer when the
+    /// millisecond has fewer left, at least one.
+    pub fn issue(
+        &self,
+        clock: &impl Clock,
+        slow_path: &impl SlowPathLock,
+        wanted: u32,
+        max_backward_ms: u64,
+    ) -> Result<StampRun, Refusal> {
+        debug_assert!(wanted >= 1 && u64::from(wanted) <= IDS_PER_MILLI);
+        let mut overflow_wait: Option<Instant> = None;
+        loop {
+            // The word first, then the clock: read the other way round, a caller paused between the
+            // two reads would see stamps newer than its clock reading and take that for a step back.
+            let last = self.last_stamp.load(Ordering::Acquire);
+            let now = clock_millis(clock)?;
+            match next(last, now, wanted) {
+                Next::Claim(run) => {
+                    if self
+                        .last_stamp
+                        .compare_exchange_weak(last, run.last(), Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        self.ids_issued.fetch_add(u64::from(run.count), Ordering::Relaxed);
+                        return Ok(run);
+                    }
+                }
+                Next::WaitForNextMilli => {
+                    let started = *overflow_wait.get_or_insert_with(|| {
+                        self.sequence_overflow_waits.fetch_add(1, Ordering::Relaxed);
+                        clock.monotonic()
+                    });
+                    if clock.monotonic() - started > wait_limit(max_backward_ms) {
+                        return Err(Refusal::ClockBehind { by_ms: 1 });
+                    }
+                    std::hint::spin_loop();
+                }
+                Next::ClockBehind { by_ms } => {
+                    let caught_up = if by_ms > max_backward_ms {
+                        Err(Refusal::ClockBehind { by_ms })
+                    } else {
+                        let target = layout::stamp_millis(last);
+                        slow_path.exclusive(|| wait_for_clock(clock, target, max_backward_ms))
+                    };
+                    let counter = match caught_up {
+                        Ok(()) => &self.clock_backward_waits,
+                        Err(_) => &self.clock_backward_refusals,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    caught_up?;
+                }
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let last = self.last_stamp.load(Ordering::Acquire);
+        Snapshot {
+            last_stamp: (last != 0).then_some(last),
+            ids_issued: self.ids_issued.load(Ordering::Relaxed),
+            sequence_overflow_waits: self.sequence_overflow_waits.load(Ordering::Relaxed),
+            clock_backward_waits: self.clock_backward_waits.load(Ordering::Relaxed),
+            clock_backward_refusals: self.clock_backward_refusals.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn clock_millis(clock: &impl Clock) -> Result<u64, Refusal> {
+    layout::millis_since_epoch(clock.unix_millis()).map_err(Refusal::ClockOutOfRange)
+}
+
+fn wait_limit(max_backward_ms: u64) -> Duration {
+    Duration::from_millis(max_backward_ms + STALLED_CLOCK_MS)
+}
+
+/// Re-reads the clock until it reaches `target` millis, refusing if it falls further back than
+/// `max_backward_ms` or does not get there in time.
+fn wait_for_clock(clock: &impl Clock, target: u64, max_backward_ms: u64) -> Result<(), Refusal> {
+    let started = clock.monotonic();
+    loop {
+        let now = clock_millis(clock)?;
+        if now >= target {
+            return Ok(());
+        }
+        let by_ms = target - now;
+        if by_ms > max_backward_ms || clock.monotonic() - started > wait_limit(max_backward_ms) {
+            return Err(Refusal::ClockBehind { by_ms });
+        }
+        std::hint::spin_loop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{stamp, EPOCH_UNIX_MS, MAX_MILLIS};
+    use proptest::prelude::*;
+    use std::cell::{Cell, RefCell};
+    use std::collections::VecDeque;
+
+    /// A wall clock that returns scripted readings, then repeats the last one; its monotonic clock
+    /// advances 100 µs at every look.
+    struct ScriptedClock {
+        readings: RefCell<VecDeque<u64>>,
+        current: Cell<u64>,
+        origin: Instant,
+        looks: Cell<u32>,
+    }
+
+    impl ScriptedClock {
+        fn new(readings: &[u64]) -> Self {
+            ScriptedClock {
+                readings: RefCell::new(readings.iter().copied().collect()),
+                current: Cell::new(readings[0]),
+                origin: Instant::now(),
+                looks: Cell::new(0),
+            }
+        }
+
+        fn then(&self, readings: &[u64]) {
+            self.readings.borrow_mut().extend(readings);
+        }
+    }
+
+    impl Clock for ScriptedClock {
+        fn unix_millis(&self) -> i64 {
+            if let Some(next) = self.readings.borrow_mut().pop_front() {
+                self.current.set(next);
+            }
+            EPOCH_UNIX_MS + self.current.get() as i64
+        }
+
+        fn monotonic(&self) -> Instant {
+            self.looks.set(self.looks.get() + 1);
+            self.origin + self.looks.get() * Duration::from_micros(100)
+        }
+    }
+
+    #[derive(Default)]
+    struct CountingLock {
+        taken: Cell<u32>,
+    }
+
+    impl SlowPathLock for CountingLock {
+        fn exclusive<R>(&self, wait: impl FnOnce() -> R) -> R {
+            self.taken.set(self.taken.get() + 1);
+            wait()
+        }
+    }
+
+    const T: u64 = 28_728_000_000;
+
+    fn one(state: &IssuingState, clock: &ScriptedClock, lock: &CountingLock) -> Result<u64, Refusal> {
+        state.issue(clock, lock, 1, 5).map(|run| run.first)
+    }
+
+    #[test]
+    fn same_millisecond_takes_the_next_sequence() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 2)));
+        assert_eq!(state.snapshot().ids_issued, 3);
+        assert_eq!(state.snapshot().last_stamp, Some(stamp(T, 2)));
+    }
+
+    #[test]
+    fn forward_jump_starts_the_new_millisecond_at_sequence_zero() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        clock.then(&[T + 3_600_000]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 3_600_000, 0)));
+        assert_eq!(lock.taken.get(), 0);
+    }
+
+    #[test]
+    fn full_millisecond_waits_for_the_next_one() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(state.issue(&clock, &lock, 4096, 5), Ok(StampRun { first: stamp(T, 0), count: 4096 }));
+        clock.then(&[T, T, T, T + 1]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
+        let snapshot = state.snapshot();
+        assert_eq!(snapshot.sequence_overflow_waits, 1);
+        assert_eq!(snapshot.ids_issued, 4097);
+        assert_eq!(clock.readings.borrow().len(), 0, "every scripted reading was used");
+        assert_eq!(lock.taken.get(), 0, "overflow waits take no lock");
+    }
+
+    #[test]
+    fn a_run_never_crosses_into_the_next_millisecond() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(state.issue(&clock, &lock, 4090, 5).map(|run| run.count), Ok(4090));
+        assert_eq!(state.issue(&clock, &lock, 10, 5), Ok(StampRun { first: stamp(T, 4090), count: 6 }));
+    }
+
+    #[test]
+    fn small_step_back_is_waited_out_under_the_lock() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        clock.then(&[T - 2, T - 2, T - 1, T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
+        let snapshot = state.snapshot();
+        assert_eq!((snapshot.clock_backward_waits, snapshot.clock_backward_refusals), (1, 0));
+        assert_eq!(lock.taken.get(), 1);
+    }
+
+    #[test]
+    fn step_back_of_exactly_the_limit_is_waited_one_more_is_refused() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        clock.then(&[T - 5, T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
+        clock.then(&[T - 6]);
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 6 }));
+        let snapshot = state.snapshot();
+        assert_eq!((snapshot.clock_backward_waits, snapshot.clock_backward_refusals), (1, 1));
+        assert_eq!(lock.taken.get(), 1, "a refusal does not wait, so takes no lock");
+    }
+
+    #[test]
+    fn large_step_back_is_refused_until_the_clock_returns() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        clock.then(&[T - 10_000]);
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 10_000 }));
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 10_000 }));
+        assert_eq!(state.snapshot().ids_issued, 1);
+        clock.then(&[T + 1]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
+        assert_eq!(state.snapshot().clock_backward_refusals, 2);
+    }
+
+    #[test]
+    fn clock_falling_further_back_during_a_wait_is_refused() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        clock.then(&[T - 1, T - 1, T - 9]);
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 9 }));
+    }
+
+    #[test]
+    fn zero_tolerance_refuses_any_step_back() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(state.issue(&clock, &lock, 1, 0).map(|run| run.first), Ok(stamp(T, 0)));
+        clock.then(&[T - 1]);
+        assert_eq!(state.issue(&clock, &lock, 1, 0), Err(Refusal::ClockBehind { by_ms: 1 }));
+    }
+
+    #[test]
+    fn a_stuck_clock_is_refused_not_spun_on_forever() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(state.issue(&clock, &lock, 4096, 5).map(|run| run.count), Ok(4096));
+        // The monotonic clock moves 100 µs a look: each wait lasts its limit, 15 ms, and no more.
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 1 }));
+        let after_first = clock.monotonic() - clock.origin;
+        assert!(after_first > Duration::from_millis(15) && after_first < Duration::from_micros(15_500));
+        clock.then(&[T - 3]);
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 3 }));
+        let second = clock.monotonic() - clock.origin - after_first;
+        assert!(second > Duration::from_millis(15) && second < Duration::from_micros(15_500));
+    }
+
+    #[test]
+    fn clock_outside_the_layout_is_refused() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        struct Fixed(i64);
+        impl Clock for Fixed {
+            fn unix_millis(&self) -> i64 {
+                self.0
+            }
+            fn monotonic(&self) -> Instant {
+                Instant::now()
+            }
+        }
+        assert_eq!(
+            state.issue(&Fixed(EPOCH_UNIX_MS - 1), &lock, 1, 5),
+            Err(Refusal::ClockOutOfRange(TimestampOutOfRange::BeforeEpoch))
+        );
+        assert_eq!(
+            state.issue(&Fixed(EPOCH_UNIX_MS + MAX_MILLIS as i64 + 1), &lock, 1, 5),
+            Err(Refusal::ClockOutOfRange(TimestampOutOfRange::AfterLastMillisecond))
+        );
+        assert_eq!(state.snapshot().last_stamp, None);
+    }
+
+    #[test]
+    fn threads_sharing_one_state_never_repeat_a_stamp() {
+        struct NoLock;
+        impl SlowPathLock for NoLock {
+            fn exclusive<R>(&self, wait: impl FnOnce() -> R) -> R {
+                wait()
+            }
+        }
+        let state = IssuingState::default();
+        let per_thread: Vec<Vec<u64>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..50_000).map(|_| state.issue(&SystemClock, &NoLock, 1, 5).unwrap().first).collect()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|worker| worker.join().unwrap()).collect()
+        });
+        for stamps in &per_thread {
+            assert!(stamps.windows(2).all(|pair| pair[0] < pair[1]));
+        }
+        let mut all: Vec<u64> = per_thread.concat();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 200_000);
+        assert_eq!(state.snapshot().ids_issued, 200_000);
+    }
+
+    proptest! {
+        /// Whatever the clock does, issued stamps strictly increase, never run ahead of the clock's
+        /// latest reading, and a refusal is only ever for a step back beyond the limit.
+        #[test]
+        fn stamps_increase_and_never_borrow_time(
+            steps in proptest::collection::vec((-8i64..40, 1u32..5000), 1..200)
+        ) {
+            let (state, lock) = (IssuingState::default(), CountingLock::default());
+            let clock = ScriptedClock::new(&[T]);
+            let mut reading = T as i64;
+            let mut last_issued = 0;
+            for (delta, wanted) in steps {
+                reading += delta;
+                clock.then(&[reading as u64]);
+                match state.issue(&clock, &lock, wanted.min(4096), 5) {
+                    Ok(run) => {
+                        prop_assert!(run.first > last_issued);
+                        prop_assert!(run.count >= 1 && run.count <= wanted.min(4096));
+                        prop_assert!(layout::stamp_millis(run.last()) <= clock.current.get());
+                        prop_assert_eq!(layout::stamp_millis(run.first), layout::stamp_millis(run.last()));
+                        last_issued = run.last();
+                    }
+                    Err(Refusal::ClockBehind { .. }) => {
+                        // Refused only when the clock's millisecond has no stamp left.
+                        prop_assert!(stamp(clock.current.get(), 4095) <= last_issued);
+                    }
+                    Err(other) => prop_assert!(false, "unexpected {:?}", other),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! snowid: unique, roughly time-ordered 64-bit ids made inside PostgreSQL.
+//!
+//! `layout` and `generator` hold the logic in plain Rust; `shmem` is the only module that talks to
+//! the server through raw FFI; `gucs`, `errors` and `api` are thin pgrx glue.
+
+mod api;
+mod errors;
+mod generator;
+mod gucs;
+mod layout;
+mod shmem;
+
+::pgrx::pg_module_magic!(name, version);
+
+#[pgrx::pg_guard]
+#[allow(non_snake_case)]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::register();
+    shmem::init_if_preloading();
+}
+
+/// Settings for the `#[pg_test]` cluster that `cargo pgrx test` starts.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec!["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17"]
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+mod pg_tests;

@@ -1,0 +1,277 @@
+//! `#[pg_test]`s: the SQL surface inside a server that preloads snowid with `snowid.worker_id = 17`
+//! (see `pg_test::postgresql_conf_options` in lib.rs). They run in parallel against one server, so
+//! none assumes it is the only one issuing ids.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// The SQLSTATE and message of the error a statement raises, caught in a subtransaction.
+    fn error_of(statement: &str) -> String {
+        Spi::run(
+            "CREATE OR REPLACE FUNCTION pg_temp.error_of(statement text) RETURNS text LANGUAGE plpgsql AS $$
+             DECLARE hint text;
+             BEGIN
+                 EXECUTE statement;
+                 RETURN 'no error';
+             EXCEPTION WHEN OTHERS THEN
+                 GET STACKED DIAGNOSTICS hint = PG_EXCEPTION_HINT;
+                 RETURN SQLSTATE || ': ' || SQLERRM || coalesce(' HINT: ' || nullif(hint, ''), '');
+             END $$",
+        )
+        .unwrap();
+        Spi::get_one_with_args("SELECT pg_temp.error_of($1)", &[statement.into()]).unwrap().unwrap()
+    }
+
+    fn one<T: pgrx::IntoDatum + pgrx::FromDatum>(query: &str) -> T {
+        Spi::get_one(query).unwrap().expect("a non-null result")
+    }
+
+    #[pg_test]
+    fn next_carries_the_configured_worker_id_and_the_current_millisecond() {
+        assert_eq!(one::<i32>("SELECT snowid_worker_id(snowid_next())"), 17);
+        let lag: bool = one(
+            "SELECT clock_timestamp() - snowid_timestamp(id) BETWEEN interval '0' AND interval '1 second'
+               FROM (SELECT snowid_next() AS id) s",
+        );
+        assert!(lag);
+    }
+
+    #[pg_test]
+    fn next_increases_strictly_and_never_runs_ahead_of_the_clock() {
+        let checks: (Option<i64>, Option<i64>, Option<i64>) = Spi::get_three(
+            "WITH issued AS (
+                 SELECT n, snowid_next() AS id, clock_timestamp() AS clock
+                   FROM (SELECT generate_series(1, 200000) AS n) s)
+             SELECT count(DISTINCT id),
+                    count(*) FILTER (WHERE snowid_timestamp(id) > clock),
+                    count(*) FILTER (WHERE id <= previous)
+               FROM (SELECT id, clock, lag(id) OVER (ORDER BY n) AS previous FROM issued) t",
+        )
+        .unwrap();
+        assert_eq!(checks, (Some(200_000), Some(0), Some(0)));
+    }
+
+    #[pg_test]
+    fn batch_returns_exactly_count_increasing_ids() {
+        let checks: (Option<i64>, Option<i64>, Option<i64>) = Spi::get_three(
+            "WITH batch AS (SELECT id, row_number() OVER () AS n FROM snowid_next_batch(100000) id)
+             SELECT count(*), count(DISTINCT id), count(*) FILTER (WHERE id <= previous)
+               FROM (SELECT id, lag(id) OVER (ORDER BY n) AS previous FROM batch) t",
+        )
+        .unwrap();
+        assert_eq!(checks, (Some(100_000), Some(100_000), Some(0)));
+        assert_eq!(one::<i64>("SELECT count(*) FROM snowid_next_batch(1)"), 1);
+        let after: bool = one(
+            "SELECT max(b) < snowid_next() FROM snowid_next_batch(5000) b",
+        );
+        assert!(after, "ids issued after a batch are above all of it");
+        assert_eq!(
+            one::<i64>("SELECT count(DISTINCT snowid_worker_id(b)) FROM snowid_next_batch(4096) b"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn batch_rejects_counts_out_of_range() {
+        assert_eq!(
+            error_of("SELECT snowid_next_batch(0)"),
+            "22023: snowid_next_batch count must be between 1 and 4096000, not 0"
+        );
+        assert_eq!(
+            error_of("SELECT snowid_next_batch(-5)"),
+            "22023: snowid_next_batch count must be between 1 and 4096000, not -5"
+        );
+        assert_eq!(
+            error_of("SELECT snowid_next_batch(4096001)"),
+            "22023: snowid_next_batch count must be between 1 and 4096000, not 4096001"
+        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM snowid_next_batch(NULL)"), 0);
+    }
+
+    #[pg_test]
+    fn decode_takes_an_id_apart() {
+        let decoded: (Option<String>, Option<i32>, Option<i32>) = Spi::get_three(
+            "SELECT created_at AT TIME ZONE 'UTC' || '', worker_id, sequence FROM snowid_decode(120493965312069635)",
+        )
+        .unwrap();
+        assert_eq!(decoded, (Some("2026-11-29 12:00:00".into()), Some(17), Some(3)));
+        assert_eq!(
+            one::<String>("SELECT snowid_timestamp(0) AT TIME ZONE 'UTC' || ''"),
+            "2026-01-01 00:00:00"
+        );
+        assert_eq!(
+            one::<String>("SELECT snowid_timestamp(9223372036854775807) AT TIME ZONE 'UTC' || ''"),
+            "2095-09-07 15:47:35.551"
+        );
+        assert_eq!(one::<i32>("SELECT snowid_worker_id(9223372036854775807)"), 1023);
+        assert_eq!(one::<i32>("SELECT snowid_sequence(9223372036854775807)"), 4095);
+        assert_eq!(one::<i32>("SELECT snowid_worker_id(120493965312069635)"), 17);
+        assert_eq!(one::<i32>("SELECT snowid_sequence(120493965312069635)"), 3);
+    }
+
+    #[pg_test]
+    fn decode_family_is_null_in_null_out() {
+        for function in ["snowid_timestamp", "snowid_worker_id", "snowid_sequence", "snowid_from_timestamp"] {
+            let null: bool = one(&format!("SELECT {function}(NULL) IS NULL"));
+            assert!(null, "{function}(NULL)");
+        }
+        let null: bool = one("SELECT (snowid_decode(NULL)).worker_id IS NULL");
+        assert!(null);
+    }
+
+    #[pg_test]
+    fn decode_family_rejects_negative_ids() {
+        for function in ["snowid_timestamp", "snowid_worker_id", "snowid_sequence", "snowid_decode"] {
+            assert_eq!(
+                error_of(&format!("SELECT {function}(-1)")),
+                "22023: -1 is not a snowid id: ids are never negative"
+            );
+        }
+        assert_eq!(
+            error_of("SELECT snowid_timestamp(-9223372036854775808)"),
+            "22023: -9223372036854775808 is not a snowid id: ids are never negative"
+        );
+    }
+
+    #[pg_test]
+    fn decode_family_is_immutable_strict_and_parallel_safe() {
+        let markings: i64 = one(
+            "SELECT count(*) FROM pg_proc
+              WHERE proname IN ('snowid_decode', 'snowid_timestamp', 'snowid_worker_id', 'snowid_sequence', 'snowid_from_timestamp')
+                AND provolatile = 'i' AND proisstrict AND proparallel = 's'",
+        );
+        assert_eq!(markings, 5);
+        let volatile: i64 = one(
+            "SELECT count(*) FROM pg_proc
+              WHERE proname IN ('snowid_next', 'snowid_next_batch', 'snowid_status') AND provolatile = 'v'",
+        );
+        assert_eq!(volatile, 3);
+    }
+
+    #[pg_test]
+    fn signatures_are_the_public_api() {
+        let signatures: String = one(
+            "SELECT string_agg(format('%s(%s) -> %s', proname, pg_get_function_arguments(oid), pg_get_function_result(oid)), E'\\n' ORDER BY proname)
+               FROM pg_proc WHERE proname LIKE 'snowid\\_%'",
+        );
+        let expected = [
+            "snowid_decode(id bigint, OUT created_at timestamp with time zone, OUT worker_id integer, OUT sequence integer) -> record",
+            "snowid_from_timestamp(ts timestamp with time zone) -> bigint",
+            "snowid_next() -> bigint",
+            "snowid_next_batch(count integer) -> SETOF bigint",
+            "snowid_sequence(id bigint) -> integer",
+            "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint)",
+            "snowid_timestamp(id bigint) -> timestamp with time zone",
+            "snowid_worker_id(id bigint) -> integer",
+        ];
+        assert_eq!(signatures, expected.join("\n"));
+    }
+
+    #[pg_test]
+    fn from_timestamp_gives_the_first_id_of_the_millisecond() {
+        assert_eq!(one::<i64>("SELECT snowid_from_timestamp('2026-01-01 00:00:00+00')"), 0);
+        assert_eq!(
+            one::<i64>("SELECT snowid_from_timestamp('2026-11-29 12:00:00.0005+00')"),
+            120_493_965_312_000_000
+        );
+        assert_eq!(
+            one::<i64>("SELECT snowid_from_timestamp('2095-09-07 15:47:35.551999+00')"),
+            9_223_372_036_850_581_504
+        );
+        let covers: bool = one(
+            "SELECT snowid_from_timestamp(snowid_timestamp(id)) <= id
+                AND id < snowid_from_timestamp(snowid_timestamp(id) + interval '1 millisecond')
+               FROM (SELECT snowid_next() AS id) s",
+        );
+        assert!(covers);
+    }
+
+    #[pg_test]
+    fn from_timestamp_ranges_select_the_ids_made_in_them() {
+        Spi::run(
+            "CREATE TEMP TABLE made (id bigint PRIMARY KEY);
+             INSERT INTO made VALUES (snowid_from_timestamp('2026-06-01 00:00:00+00') - 1),
+                                     (snowid_from_timestamp('2026-06-01 00:00:00+00')),
+                                     (snowid_from_timestamp('2026-06-01 23:59:59.999+00') + 4194303),
+                                     (snowid_from_timestamp('2026-06-02 00:00:00+00'));",
+        )
+        .unwrap();
+        let inside: i64 = one(
+            "SELECT count(*) FROM made
+              WHERE id >= snowid_from_timestamp('2026-06-01') AND id < snowid_from_timestamp('2026-06-02')",
+        );
+        assert_eq!(inside, 2);
+        Spi::run("SET LOCAL enable_seqscan = off").unwrap();
+        let plan = Spi::connect(|client| {
+            let rows = client
+                .select(
+                    "EXPLAIN (COSTS OFF) SELECT * FROM made
+                      WHERE id >= snowid_from_timestamp('2026-06-01') AND id < snowid_from_timestamp('2026-06-02')",
+                    None,
+                    &[],
+                )
+                .unwrap();
+            rows.map(|row| row.get::<String>(1).unwrap().unwrap()).collect::<Vec<_>>().join(" ")
+        });
+        assert!(plan.contains("made_pkey"), "{plan}");
+    }
+
+    #[pg_test]
+    fn from_timestamp_rejects_timestamps_without_ids() {
+        assert_eq!(
+            error_of("SELECT snowid_from_timestamp('2025-12-31 23:59:59.999999+00')"),
+            "22008: timestamp is before 2026-01-01 00:00:00 UTC, the first that snowid ids hold"
+        );
+        assert_eq!(
+            error_of("SELECT snowid_from_timestamp('2095-09-07 15:47:35.552+00')"),
+            "22008: timestamp is after 2095-09-07 15:47:35.551 UTC, the last that snowid ids hold"
+        );
+        let infinite = "22008: snowid ids do not reach an infinite timestamp HINT: Use a finite timestamp \
+                        from 2026-01-01 00:00:00 UTC to 2095-09-07 15:47:35.551 UTC.";
+        assert_eq!(error_of("SELECT snowid_from_timestamp('infinity')"), infinite);
+        assert_eq!(error_of("SELECT snowid_from_timestamp('-infinity')"), infinite);
+    }
+
+    #[pg_test]
+    fn status_describes_the_shared_generator() {
+        let before: i64 = one("SELECT ids_issued FROM snowid_status()");
+        let id: i64 = one("SELECT snowid_next()");
+        let status: (Option<i32>, Option<i64>, Option<i64>) =
+            Spi::get_three("SELECT worker_id, last_id, ids_issued FROM snowid_status()").unwrap();
+        assert_eq!(status.0, Some(17));
+        assert!(status.1.unwrap() >= id, "last_id is the newest id of any backend");
+        assert!(status.2.unwrap() > before);
+        assert_eq!(one::<i64>("SELECT count(*) FROM snowid_status()"), 1);
+        let counters: bool = one(
+            "SELECT clock_backward_waits >= 0 AND clock_backward_refusals = 0 AND sequence_overflow_waits >= 0 FROM snowid_status()",
+        );
+        assert!(counters);
+    }
+
+    #[pg_test]
+    fn settings_cannot_be_changed_by_a_session() {
+        assert_eq!(
+            error_of("SET snowid.worker_id = 5"),
+            "55P02: parameter \"snowid.worker_id\" cannot be changed without restarting the server"
+        );
+        assert_eq!(
+            error_of("SET snowid.max_clock_backward = 100"),
+            "55P02: parameter \"snowid.max_clock_backward\" cannot be changed now"
+        );
+        assert_eq!(
+            error_of("SELECT set_config('snowid.worker_id', '5', false)"),
+            "55P02: parameter \"snowid.worker_id\" cannot be changed without restarting the server"
+        );
+        assert_eq!(one::<String>("SHOW snowid.worker_id"), "17");
+        assert_eq!(one::<String>("SHOW snowid.max_clock_backward"), "5ms");
+    }
+
+    #[pg_test]
+    fn the_snowid_setting_prefix_is_reserved() {
+        assert_eq!(
+            error_of("SET snowid.workerid = 5"),
+            "42602: invalid configuration parameter name \"snowid.workerid\""
+        );
+    }
+}
