@@ -131,8 +131,12 @@ impl IssuingState {
         debug_assert!(wanted >= 1 && u64::from(wanted) <= IDS_PER_MILLI);
         let mut overflow_wait: Option<Instant> = None;
         loop {
-            // The word first, then the clock: read the other way round, a caller paused between the
-            // two reads would see stamps newer than its clock reading and take that for a step back.
+            // Time spent waiting is read before the wall clock, so that a caller paused between the
+            // two reads sees the wall clock move on rather than taking the pause for a stuck clock.
+            let waited_too_long = overflow_wait
+                .is_some_and(|started| clock.monotonic() - started > wait_limit(max_backward_ms));
+            // The word before the clock: the other way round, a caller paused between the two reads
+            // would see stamps newer than its clock reading and take that for a step back.
             let last = self.last_stamp.load(Ordering::Acquire);
             let now = clock_millis(clock)?;
             match next(last, now, wanted) {
@@ -147,13 +151,13 @@ impl IssuingState {
                     }
                 }
                 Next::WaitForNextMilli => {
-                    let started = *overflow_wait.get_or_insert_with(|| {
+                    if waited_too_long {
+                        return Err(Refusal::ClockBehind { by_ms: 1 });
+                    }
+                    overflow_wait.get_or_insert_with(|| {
                         self.sequence_overflow_waits.fetch_add(1, Ordering::Relaxed);
                         clock.monotonic()
                     });
-                    if clock.monotonic() - started > wait_limit(max_backward_ms) {
-                        return Err(Refusal::ClockBehind { by_ms: 1 });
-                    }
                     std::hint::spin_loop();
                 }
                 Next::ClockBehind { by_ms } => {
@@ -199,12 +203,14 @@ fn wait_limit(max_backward_ms: u64) -> Duration {
 fn wait_for_clock(clock: &impl Clock, target: u64, max_backward_ms: u64) -> Result<(), Refusal> {
     let started = clock.monotonic();
     loop {
+        // Monotonic before wall clock, for the reason given in `IssuingState::issue`.
+        let waited = clock.monotonic() - started;
         let now = clock_millis(clock)?;
         if now >= target {
             return Ok(());
         }
         let by_ms = target - now;
-        if by_ms > max_backward_ms || clock.monotonic() - started > wait_limit(max_backward_ms) {
+        if by_ms > max_backward_ms || waited > wait_limit(max_backward_ms) {
             return Err(Refusal::ClockBehind { by_ms });
         }
         std::hint::spin_loop();

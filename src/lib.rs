@@ -15,8 +15,13 @@ mod shmem;
 #[pgrx::pg_guard]
 #[allow(non_snake_case)]
 pub extern "C-unwind" fn _PG_init() {
+    // Loaded later, by CREATE EXTENSION or a function call, snowid sets nothing up: the server
+    // forbids its settings then, and its functions say the library must be preloaded.
+    if !shmem::preloading() {
+        return;
+    }
     gucs::register();
-    shmem::init_if_preloading();
+    shmem::init();
 }
 
 /// Settings for the `#[pg_test]` cluster that `cargo pgrx test` starts.

@@ -32,14 +32,15 @@ static SLOW_PATH: PgLwLock<()> = unsafe { PgLwLock::new(c"snowid") };
 /// Set in the postmaster while it preloads the library; every backend inherits it by fork.
 static PRELOADED: AtomicBool = AtomicBool::new(false);
 
-/// Asks the server for the shared state, when the library is being preloaded; otherwise does nothing,
-/// and [`issuing_state`] will say why there is no generator.
-pub fn init_if_preloading() {
-    // SAFETY: a plain read of a flag the server sets before calling _PG_init and never changes
+/// Whether the server is loading the library from `shared_preload_libraries` right now.
+pub fn preloading() -> bool {
+    // SAFETY: a plain read of a flag the server sets before calling _PG_init and does not change
     // while _PG_init runs.
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
-    }
+    unsafe { pg_sys::process_shared_preload_libraries_in_progress }
+}
+
+/// Asks the server for the shared state; only while [`preloading`].
+pub fn init() {
     pg_shmem_init!(ISSUING);
     pg_shmem_init!(SLOW_PATH);
     PRELOADED.store(true, Ordering::Relaxed);

@@ -1,0 +1,175 @@
+//! Throwaway PostgreSQL 15 clusters for snowid's integration tests.
+//!
+//! Each [`Cluster`] is a fresh `initdb` on a free loopback port, run as the `postgres` user when the
+//! tests run as root (PostgreSQL refuses to run as root), and is stopped and deleted when dropped,
+//! also when a test fails. The snowid extension must already be installed into the server that
+//! `PG_CONFIG` (default `/usr/lib/postgresql/15/bin/pg_config`) describes.
+
+use postgres::{Client, NoTls};
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+pub struct Cluster {
+    pub port: u16,
+    dir: PathBuf,
+    bindir: PathBuf,
+    clock_offset_file: Option<PathBuf>,
+}
+
+impl Cluster {
+    /// A running cluster whose postgresql.conf carries `settings`.
+    pub fn start(name: &str, settings: &[&str]) -> Cluster {
+        Cluster::create(name, settings, false)
+    }
+
+    /// Like [`Cluster::start`], with the server's wall clock under [`Cluster::set_clock_offset`].
+    pub fn start_with_fake_clock(name: &str, settings: &[&str]) -> Cluster {
+        Cluster::create(name, settings, true)
+    }
+
+    fn create(name: &str, settings: &[&str], fake_clock: bool) -> Cluster {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let bindir = PathBuf::from(pg_config("--bindir"));
+        let mut cluster = Cluster { port, dir, bindir, clock_offset_file: None };
+        chown_to_postgres(&cluster.dir);
+        cluster.as_postgres(&["initdb", "-A", "trust", "-U", "postgres", "-D", &cluster.data()], &[]);
+        let mut conf = format!(
+            "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             fsync = off\nlogging_collector = off\n",
+            cluster.dir.display()
+        );
+        for setting in settings {
+            conf.push_str(setting);
+            conf.push('\n');
+        }
+        fs::write(Path::new(&cluster.data()).join("postgresql.auto.conf"), conf).unwrap();
+        if fake_clock {
+            let file = cluster.dir.join("clock-offset");
+            fs::write(&file, "+0\n").unwrap();
+            chown_to_postgres(&file);
+            cluster.clock_offset_file = Some(file);
+        }
+        cluster.pg_ctl("start");
+        cluster
+    }
+
+    fn data(&self) -> String {
+        self.dir.join("data").display().to_string()
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn connect(&self) -> Client {
+        self.connect_to("postgres")
+    }
+
+    pub fn connect_to(&self, database: &str) -> Client {
+        Client::connect(
+            &format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port),
+            NoTls,
+        )
+        .unwrap_or_else(|error| panic!("connecting to {database} on port {}: {error}", self.port))
+    }
+
+    /// Moves the server's wall clock: `offset` is libfaketime's, in seconds, such as "-10" or "-0.002".
+    pub fn set_clock_offset(&self, offset: &str) {
+        let file = self.clock_offset_file.as_ref().expect("a cluster started with a fake clock");
+        fs::write(file, format!("{offset}\n")).unwrap();
+    }
+
+    pub fn clock_offset_file(&self) -> String {
+        self.clock_offset_file.as_ref().expect("a cluster started with a fake clock").display().to_string()
+    }
+
+    pub fn restart(&self) {
+        self.pg_ctl("restart");
+    }
+
+    fn pg_ctl(&self, action: &str) {
+        let log = self.dir.join("server.log").display().to_string();
+        let mut env = vec![];
+        if let Some(file) = &self.clock_offset_file {
+            env = vec![
+                format!("LD_PRELOAD={LIBFAKETIME}"),
+                format!("FAKETIME_TIMESTAMP_FILE={}", file.display()),
+                "FAKETIME_NO_CACHE=1".to_string(),
+                "FAKETIME_DONT_FAKE_MONOTONIC=1".to_string(),
+            ];
+        }
+        let env: Vec<&str> = env.iter().map(String::as_str).collect();
+        self.as_postgres(&["pg_ctl", "-w", "-D", &self.data(), "-l", &log, action], &env);
+    }
+
+    /// Runs one of the server's programs as the `postgres` user, with extra environment variables.
+    fn as_postgres(&self, program_and_args: &[&str], env: &[&str]) -> Output {
+        let program = self.bindir.join(program_and_args[0]).display().to_string();
+        let mut command = if is_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--", "env"]).args(env).arg(&program);
+            command
+        } else {
+            let mut command = Command::new("env");
+            command.args(env).arg(&program);
+            command
+        };
+        let output = command.args(&program_and_args[1..]).output().unwrap();
+        assert!(
+            output.status.success(),
+            "{program_and_args:?} failed: {}{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+            self.log()
+        );
+        output
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(if is_root() { "runuser" } else { "env" })
+            .args(if is_root() { vec!["-u", "postgres", "--"] } else { vec![] })
+            .arg(self.bindir.join("pg_ctl"))
+            .args(["-D", &self.data(), "-m", "immediate", "stop"])
+            .output();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn pg_config(flag: &str) -> String {
+    let pg_config =
+        std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+    let output = Command::new(&pg_config).arg(flag).output().expect("pg_config runs");
+    String::from_utf8(output.stdout).unwrap().trim().to_string()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn is_root() -> bool {
+    String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout).unwrap().trim() == "0"
+}
+
+fn chown_to_postgres(path: &Path) {
+    if is_root() {
+        let status = Command::new("chown").arg("postgres:postgres").arg(path).status().unwrap();
+        assert!(status.success());
+    }
+}
+
+/// The SQLSTATE, message and hint of a failed statement, as `"55000: message HINT: hint"`.
+pub fn error_text(error: &postgres::Error) -> String {
+    let db = error.as_db_error().unwrap_or_else(|| panic!("not a server error: {error}"));
+    let hint = db.hint().map(|hint| format!(" HINT: {hint}")).unwrap_or_default();
+    format!("{}: {}{hint}", db.code().code(), db.message())
+}

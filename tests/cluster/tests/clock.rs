@@ -1,0 +1,87 @@
+//! Real clock steps on a running server, made with libfaketime.
+
+use snowid_cluster_tests::{error_text, Cluster};
+
+/// Issues an id, steps the server's clock by `offset`, issues another: all inside the server, so
+/// no more than microseconds pass between the step and the second id.
+const STEP_THEN_NEXT: &str = "
+CREATE FUNCTION step_then_next(offset_file text, step text, OUT before bigint, OUT after bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    before := snowid_next();
+    EXECUTE format('COPY (SELECT %L) TO %L', step, offset_file);
+    after := snowid_next();
+END $$";
+
+fn counters(client: &mut postgres::Client) -> (i64, i64) {
+    let row = client
+        .query_one("SELECT clock_backward_waits, clock_backward_refusals FROM snowid_status()", &[])
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[test]
+fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_returns() {
+    let cluster = Cluster::start_with_fake_clock(
+        "clock",
+        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17"],
+    );
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    client.batch_execute(STEP_THEN_NEXT).unwrap();
+    let offset_file = cluster.clock_offset_file();
+
+    // 2 ms back, within snowid.max_clock_backward (5 ms): waited out.
+    let row = client.query_one("SELECT * FROM step_then_next($1, '-0.002')", &[&offset_file]).unwrap();
+    let (before, after): (i64, i64) = (row.get(0), row.get(1));
+    assert!(after > before);
+    assert_eq!(counters(&mut client), (1, 0));
+
+    // 10 s back: refused, counted and logged, and refused again while the clock stays behind.
+    let error = client
+        .query_one("SELECT * FROM step_then_next($1, '-10.002')", &[&offset_file])
+        .unwrap_err();
+    let text = error_text(&error);
+    let behind: u64 = text
+        .strip_prefix("55000: snowid refuses to issue ids: the system clock is ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected error: {text}"));
+    assert!((9_900..=10_000).contains(&behind), "{text}");
+    assert!(text.ends_with(" ms behind the last id issued HINT: Retry once the clock has caught up; check the server's time synchronisation."), "{text}");
+    let again = client.query_one("SELECT snowid_next()", &[]).unwrap_err();
+    assert!(error_text(&again).starts_with("55000: snowid refuses to issue ids"));
+    assert_eq!(counters(&mut client), (1, 2));
+    assert!(cluster.log().contains("WARNING:  snowid refuses to issue ids: the system clock is "));
+    let last_id: i64 = client.query_one("SELECT last_id FROM snowid_status()", &[]).unwrap().get(0);
+
+    // The clock returns: issuing resumes by itself, above every id issued before the step.
+    cluster.set_clock_offset("+0");
+    let row = client
+        .query_one("SELECT id, snowid_timestamp(id) <= clock_timestamp() FROM (SELECT snowid_next() AS id) s", &[])
+        .unwrap();
+    assert!(row.get::<_, i64>(0) > last_id);
+    assert!(row.get::<_, bool>(1), "the id's time is not ahead of the clock");
+}
+
+#[test]
+fn max_clock_backward_takes_effect_on_reload() {
+    let cluster = Cluster::start_with_fake_clock(
+        "clock-reload",
+        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17"],
+    );
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    client.batch_execute(STEP_THEN_NEXT).unwrap();
+    client
+        .batch_execute("ALTER SYSTEM SET snowid.max_clock_backward = 0")
+        .unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut client = cluster.connect();
+    let error = client
+        .query_one("SELECT * FROM step_then_next($1, '-0.050')", &[&cluster.clock_offset_file()])
+        .unwrap_err();
+    assert!(error_text(&error).starts_with("55000: snowid refuses to issue ids: the system clock is "));
+    assert_eq!(counters(&mut client), (0, 1));
+}

@@ -1,0 +1,110 @@
+//! How snowid behaves when it is set up wrongly, and what a correct setup shares.
+
+use snowid_cluster_tests::{error_text, Cluster};
+
+const PRELOADED: &str = "shared_preload_libraries = 'snowid'";
+
+#[test]
+fn without_preloading_every_shared_memory_function_says_how_to_fix_it() {
+    let cluster = Cluster::start("not-preloaded", &["snowid.worker_id = 3"]);
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let expected = "55000: snowid must be loaded via shared_preload_libraries HINT: Add snowid to \
+                    shared_preload_libraries in postgresql.conf and restart the server.";
+    for statement in [
+        "SELECT snowid_next()",
+        "SELECT snowid_next_batch(10)",
+        "SELECT * FROM snowid_status()",
+    ] {
+        let error = client.simple_query(statement).unwrap_err();
+        assert_eq!(error_text(&error), expected, "{statement}");
+    }
+    // Decoding needs no shared memory.
+    let row = client.query_one("SELECT snowid_worker_id(120493965312069635)", &[]).unwrap();
+    assert_eq!(row.get::<_, i32>(0), 17);
+    assert!(!cluster.log().contains("PANIC") && !cluster.log().contains("terminated by signal"));
+}
+
+#[test]
+fn an_unset_worker_id_refuses_with_a_hint() {
+    let cluster = Cluster::start("worker-unset", &[PRELOADED]);
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let expected = "55000: snowid.worker_id is not set HINT: Choose a worker id from 0 to 1023 that \
+                    no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER \
+                    SYSTEM) and restart the server.";
+    for statement in ["SELECT snowid_next()", "SELECT snowid_next_batch(10)"] {
+        assert_eq!(error_text(&client.simple_query(statement).unwrap_err()), expected);
+    }
+    let status = client.query_one("SELECT worker_id, last_id, ids_issued FROM snowid_status()", &[]).unwrap();
+    assert_eq!(status.get::<_, Option<i32>>(0), None);
+    assert_eq!(status.get::<_, Option<i64>>(1), None);
+    assert_eq!(status.get::<_, i64>(2), 0);
+}
+
+#[test]
+fn a_worker_id_out_of_range_is_ignored_with_a_warning_and_refuses() {
+    let cluster = Cluster::start("worker-too-big", &[PRELOADED, "snowid.worker_id = 1024"]);
+    assert!(cluster
+        .log()
+        .contains("WARNING:  1024 is outside the valid range for parameter \"snowid.worker_id\" (-1 .. 1023)"));
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let error = client.simple_query("SELECT snowid_next()").unwrap_err();
+    assert!(error_text(&error).starts_with("55000: snowid.worker_id is not set HINT:"));
+}
+
+#[test]
+fn the_worker_id_changes_only_on_restart() {
+    let cluster = Cluster::start("worker-restart", &[PRELOADED, "snowid.worker_id = 17"]);
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    client.batch_execute("ALTER SYSTEM SET snowid.worker_id = 5").unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut client = cluster.connect();
+    let worker = |client: &mut postgres::Client| {
+        client.query_one("SELECT snowid_worker_id(snowid_next())", &[]).unwrap().get::<_, i32>(0)
+    };
+    assert_eq!(worker(&mut client), 17, "a reload leaves the worker id alone");
+    assert!(cluster.log().contains("parameter \"snowid.worker_id\" cannot be changed without restarting the server"));
+    cluster.restart();
+    assert_eq!(worker(&mut cluster.connect()), 5);
+}
+
+#[test]
+fn every_database_of_a_server_shares_one_generator() {
+    let cluster = Cluster::start("databases", &[PRELOADED, "snowid.worker_id = 9"]);
+    let mut first = cluster.connect();
+    first.batch_execute("CREATE EXTENSION snowid").unwrap();
+    first.batch_execute("CREATE DATABASE second").unwrap();
+    let mut second = cluster.connect_to("second");
+    second.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let mut ids = vec![];
+    for _ in 0..500 {
+        for client in [&mut first, &mut second] {
+            ids.push(client.query_one("SELECT snowid_next()", &[]).unwrap().get::<_, i64>(0));
+        }
+    }
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "ids alternate between databases in order");
+    let issued: i64 = second.query_one("SELECT ids_issued FROM snowid_status()", &[]).unwrap().get(0);
+    assert_eq!(issued, 1000);
+}
+
+#[test]
+fn default_snowid_next_works_with_the_default_search_path() {
+    let cluster = Cluster::start("default", &[PRELOADED, "snowid.worker_id = 17"]);
+    let mut client = cluster.connect();
+    client
+        .batch_execute(
+            "CREATE EXTENSION snowid;
+             CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
+             INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp');",
+        )
+        .unwrap();
+    let rows = client
+        .query("SELECT item, (snowid_decode(id)).worker_id FROM orders ORDER BY id", &[])
+        .unwrap();
+    let items: Vec<(String, i32)> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+    assert_eq!(items, [("book".into(), 17), ("pen".into(), 17), ("lamp".into(), 17)]);
+}
