@@ -129,12 +129,14 @@ impl IssuingState {
         max_backward_ms: u64,
     ) -> Result<StampRun, Refusal> {
         debug_assert!(wanted >= 1 && u64::from(wanted) <= IDS_PER_MILLI);
-        let mut overflow_wait: Option<Instant> = None;
+        // The millisecond this caller waits for, and since when. Others may claim the whole of it
+        // first; the caller then waits for the next one, afresh.
+        let mut overflow_wait: Option<(u64, Instant)> = None;
         loop {
             // Time spent waiting is read before the wall clock, so that a caller paused between the
             // two reads sees the wall clock move on rather than taking the pause for a stuck clock.
             let waited_too_long = overflow_wait
-                .is_some_and(|started| clock.monotonic() - started > wait_limit(max_backward_ms));
+                .is_some_and(|(_, since)| clock.monotonic() - since > wait_limit(max_backward_ms));
             // The word before the clock: the other way round, a caller paused between the two reads
             // would see stamps newer than its clock reading and take that for a step back.
             let last = self.last_stamp.load(Ordering::Acquire);
@@ -151,13 +153,18 @@ impl IssuingState {
                     }
                 }
                 Next::WaitForNextMilli => {
-                    if waited_too_long {
-                        return Err(Refusal::ClockBehind { by_ms: 1 });
+                    let awaited = layout::stamp_millis(last) + 1;
+                    match overflow_wait {
+                        Some((millis, _)) if millis == awaited => {
+                            if waited_too_long {
+                                return Err(Refusal::ClockBehind { by_ms: 1 });
+                            }
+                        }
+                        _ => {
+                            self.sequence_overflow_waits.fetch_add(1, Ordering::Relaxed);
+                            overflow_wait = Some((awaited, clock.monotonic()));
+                        }
                     }
-                    overflow_wait.get_or_insert_with(|| {
-                        self.sequence_overflow_waits.fetch_add(1, Ordering::Relaxed);
-                        clock.monotonic()
-                    });
                     std::hint::spin_loop();
                 }
                 Next::ClockBehind { by_ms } => {
@@ -314,6 +321,38 @@ mod tests {
         assert_eq!(snapshot.ids_issued, 4097);
         assert_eq!(clock.readings.borrow().len(), 0, "every scripted reading was used");
         assert_eq!(lock.taken.get(), 0, "overflow waits take no lock");
+    }
+
+    #[test]
+    fn losing_every_next_millisecond_to_others_is_not_a_stuck_clock() {
+        // Another backend claims each new millisecond whole as soon as the clock reaches it; every
+        // millisecond lasts 10 ms of monotonic time (100 looks), so the wait as a whole outlasts the
+        // 15 ms limit while each millisecond awaited does not.
+        struct Contested<'a> {
+            clock: ScriptedClock,
+            state: &'a IssuingState,
+            others_until: u64,
+        }
+        impl Clock for Contested<'_> {
+            fn unix_millis(&self) -> i64 {
+                let now = self.clock.unix_millis();
+                let millis = (now - EPOCH_UNIX_MS) as u64;
+                let last = self.state.last_stamp.load(Ordering::Relaxed);
+                if millis <= self.others_until && layout::stamp_millis(last) < millis {
+                    self.state.last_stamp.store(stamp(millis, 4095), Ordering::Relaxed);
+                }
+                now
+            }
+            fn monotonic(&self) -> Instant {
+                self.clock.monotonic()
+            }
+        }
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        state.last_stamp.store(stamp(T, 4095), Ordering::Relaxed);
+        let readings: Vec<u64> = (0..5).flat_map(|step| [T + step; 100]).collect();
+        let clock = Contested { clock: ScriptedClock::new(&readings), state: &state, others_until: T + 3 };
+        assert_eq!(state.issue(&clock, &lock, 1, 5).map(|run| run.first), Ok(stamp(T + 4, 0)));
+        assert_eq!(state.snapshot().sequence_overflow_waits, 4);
     }
 
     #[test]

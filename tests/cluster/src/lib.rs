@@ -91,6 +91,21 @@ impl Cluster {
         self.clock_offset_file.as_ref().expect("a cluster started with a fake clock").display().to_string()
     }
 
+    /// What `psql` prints, errors included, running a file of SQL with its statements echoed.
+    pub fn psql_file(&self, database: &str, file: &Path) -> String {
+        let psql = self.bindir.join("psql");
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg(r#"exec "$0" -X -a -q -h 127.0.0.1 -p "$1" -U postgres -d "$2" < "$3" 2>&1"#)
+            .arg(psql)
+            .arg(self.port.to_string())
+            .arg(database)
+            .arg(file)
+            .output()
+            .unwrap();
+        String::from_utf8(output.stdout).unwrap()
+    }
+
     pub fn restart(&self) {
         self.pg_ctl("restart");
     }

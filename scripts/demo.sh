@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs snowid, starts a throwaway cluster configured for it, and shows ids being made and decoded.
+# `scripts/demo.sh stop` stops that cluster.
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+dir=${SNOWID_DEMO_DIR:-/tmp/snowid-demo}
+port=${SNOWID_DEMO_PORT:-54329}
+if [ "${1:-}" = stop ]; then
+    stop_cluster "$dir"
+    exit
+fi
+
+install_snowid
+echo "==> starting a throwaway cluster in $dir on port $port"
+start_cluster "$dir" "$port" "shared_preload_libraries = 'snowid'" "snowid.worker_id = 17" "timezone = 'UTC'"
+
+"$("$PG_CONFIG" --bindir)/psql" -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -e <<'SQL'
+CREATE EXTENSION snowid;
+CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
+INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp');
+SELECT o.id, o.item, d.* FROM orders o, snowid_decode(o.id) d ORDER BY o.id;
+SELECT * FROM snowid_status();
+SQL
+echo "==> the cluster keeps running: psql -h 127.0.0.1 -p $port -U postgres"
+echo "    stop it with: $0 stop"

@@ -1,0 +1,73 @@
+# Sourced by the other scripts: installs what building and testing snowid needs, when missing.
+# Idempotent and quick on re-run. Runs as root, or as a user who may sudo.
+set -euo pipefail
+
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PGRX_VERSION=0.18.0
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+is_root() { [ "$(id -u)" = 0 ]; }
+as_root() { if is_root; then "$@"; else sudo "$@"; fi; }
+
+packages=(postgresql-15 postgresql-server-dev-15 clang libclang-dev pkg-config libssl-dev faketime sudo)
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "==> installing Debian packages: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null || { echo "snowid needs a Rust toolchain (cargo): install it with rustup" >&2; exit 1; }
+
+if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
+    echo "==> installing cargo-pgrx $PGRX_VERSION (a few minutes, once)"
+    cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+    cargo pgrx init --pg15 "$PG_CONFIG"
+fi
+
+# Builds snowid in release mode and installs it into the PostgreSQL that PG_CONFIG names.
+install_snowid() {
+    echo "==> building and installing snowid (release)"
+    local sudo_flag=()
+    is_root || sudo_flag=(--sudo)
+    (cd "$REPO" && cargo pgrx install --release --pg-config "$PG_CONFIG" "${sudo_flag[@]}")
+}
+
+# Runs a PostgreSQL program as the user that owns the throwaway clusters (postgres, when we are root).
+as_cluster_owner() {
+    if is_root; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# start_cluster DIR PORT SETTING...: a fresh cluster in DIR on 127.0.0.1:PORT with the settings added.
+start_cluster() {
+    local dir=$1 port=$2
+    shift 2
+    local bindir
+    bindir=$("$PG_CONFIG" --bindir)
+    stop_cluster "$dir"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    is_root && chown postgres:postgres "$dir"
+    as_cluster_owner "$bindir/initdb" -A trust -U postgres -D "$dir/data" >/dev/null
+    {
+        echo "port = $port"
+        echo "listen_addresses = '127.0.0.1'"
+        echo "unix_socket_directories = '$dir'"
+        printf '%s\n' "$@"
+    } >"$dir/data/postgresql.auto.conf"
+    as_cluster_owner "$bindir/pg_ctl" -w -D "$dir/data" -l "$dir/server.log" start >/dev/null
+}
+
+stop_cluster() {
+    local dir=$1
+    [ -f "$dir/data/postmaster.pid" ] || return 0
+    as_cluster_owner "$("$PG_CONFIG" --bindir)/pg_ctl" -D "$dir/data" -m fast stop >/dev/null || true
+}
