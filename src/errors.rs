@@ -52,6 +52,15 @@ impl SnowidError {
                     .set_detail("The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.")
                     .set_hint("Retry once the clock has caught up; check the server's time synchronisation.")
             }
+            SnowidError::Refused(Refusal::ClockStalled { waited_ms }) => {
+                let message = format!(
+                    "snowid refuses to issue ids: the system clock has not moved for {waited_ms} ms"
+                );
+                pgrx::warning!("{message}");
+                ErrorReport::new(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, message, function)
+                    .set_detail("All ids of the clock's current millisecond are used; snowid waits for the next one only so long.")
+                    .set_hint("Retry; check the server's system clock.")
+            }
             SnowidError::Refused(Refusal::ClockOutOfRange(range)) => ErrorReport::new(
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 match range {

@@ -1,6 +1,6 @@
 //! The issuing state machine: which stamps (millisecond and sequence) a server may hand out next.
 //!
-//! One 64-bit word holds the last stamp issued. A caller reads the clock and the word, works out the
+//! One 64-bit word holds the last stamp issued. A caller reads the word and the clock, works out the
 //! next free stamps, and claims them with a compare-and-swap; whoever loses the race reads again.
 //! Stamps therefore increase strictly in the order they are claimed, across every process that shares
 //! the word, and no stamp is ever claimed twice. The millisecond of a claimed stamp is always the
@@ -57,6 +57,8 @@ pub trait SlowPathLock {
 pub enum Refusal {
     /// The clock reads `by_ms` milliseconds earlier than the ids already issued allow.
     ClockBehind { by_ms: u64 },
+    /// The clock stayed on a millisecond whose ids are all used for `waited_ms` milliseconds.
+    ClockStalled { waited_ms: u64 },
     /// The clock reads a time the layout cannot hold.
     ClockOutOfRange(TimestampOutOfRange),
 }
@@ -135,8 +137,7 @@ impl IssuingState {
         loop {
             // Time spent waiting is read before the wall clock, so that a caller paused between the
             // two reads sees the wall clock move on rather than taking the pause for a stuck clock.
-            let waited_too_long = overflow_wait
-                .is_some_and(|(_, since)| clock.monotonic() - since > wait_limit(max_backward_ms));
+            let waited = overflow_wait.map(|(_, since)| clock.monotonic() - since);
             // The word before the clock: the other way round, a caller paused between the two reads
             // would see stamps newer than its clock reading and take that for a step back.
             let last = self.last_stamp.load(Ordering::Acquire);
@@ -156,8 +157,8 @@ impl IssuingState {
                     let awaited = layout::stamp_millis(last) + 1;
                     match overflow_wait {
                         Some((millis, _)) if millis == awaited => {
-                            if waited_too_long {
-                                return Err(Refusal::ClockBehind { by_ms: 1 });
+                            if let Some(waited) = waited.filter(|&w| w > wait_limit(max_backward_ms)) {
+                                return Err(Refusal::ClockStalled { waited_ms: waited.as_millis() as u64 });
                             }
                         }
                         _ => {
@@ -427,7 +428,7 @@ mod tests {
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(state.issue(&clock, &lock, 4096, 5).map(|run| run.count), Ok(4096));
         // The monotonic clock moves 100 µs a look: each wait lasts its limit, 15 ms, and no more.
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 1 }));
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockStalled { waited_ms: 15 }));
         let after_first = clock.monotonic() - clock.origin;
         assert!(after_first > Duration::from_millis(15) && after_first < Duration::from_micros(15_500));
         clock.then(&[T - 3]);
@@ -510,7 +511,7 @@ mod tests {
                         prop_assert_eq!(layout::stamp_millis(run.first), layout::stamp_millis(run.last()));
                         last_issued = run.last();
                     }
-                    Err(Refusal::ClockBehind { .. }) => {
+                    Err(Refusal::ClockBehind { .. } | Refusal::ClockStalled { .. }) => {
                         // Refused only when the clock's millisecond has no stamp left.
                         prop_assert!(stamp(clock.current.get(), 4095) <= last_issued);
                     }
