@@ -43,24 +43,18 @@ impl SnowidError {
             .set_hint(format!(
                 "Choose a worker id from 0 to {MAX_WORKER_ID} that no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and restart the server."
             )),
-            SnowidError::Refused(Refusal::ClockBehind { by_ms }) => {
-                let message = format!(
-                    "snowid refuses to issue ids: the system clock is {by_ms} ms behind the last id issued"
-                );
-                pgrx::warning!("{message}");
-                ErrorReport::new(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, message, function)
-                    .set_detail("The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.")
-                    .set_hint("Retry once the clock has caught up; check the server's time synchronisation.")
-            }
-            SnowidError::Refused(Refusal::ClockStalled { waited_ms }) => {
-                let message = format!(
-                    "snowid refuses to issue ids: the system clock has not moved for {waited_ms} ms"
-                );
-                pgrx::warning!("{message}");
-                ErrorReport::new(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, message, function)
-                    .set_detail("All ids of the clock's current millisecond are used; snowid waits for the next one only so long.")
-                    .set_hint("Retry; check the server's system clock.")
-            }
+            SnowidError::Refused(Refusal::ClockBehind { by_ms }) => clock_refusal(
+                format!("the system clock is {by_ms} ms behind the last id issued"),
+                "The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.",
+                "Retry once the clock has caught up; check the server's time synchronisation.",
+                function,
+            ),
+            SnowidError::Refused(Refusal::ClockStalled { waited_ms }) => clock_refusal(
+                format!("the system clock has not moved for {waited_ms} ms"),
+                "All ids of the clock's current millisecond are used; snowid waits for the next one only so long.",
+                "Retry; check the server's system clock.",
+                function,
+            ),
             SnowidError::Refused(Refusal::ClockOutOfRange(range)) => ErrorReport::new(
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 match range {
@@ -106,4 +100,13 @@ impl SnowidError {
         report.report(PgLogLevel::ERROR);
         unreachable!("an ERROR report does not return")
     }
+}
+
+/// A refusal caused by the clock going wrong, which the server log should show as it happens.
+fn clock_refusal(cause: String, detail: &str, hint: &str, function: &'static str) -> ErrorReport {
+    let message = format!("snowid refuses to issue ids: {cause}");
+    pgrx::warning!("{message}");
+    ErrorReport::new(PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, message, function)
+        .set_detail(detail)
+        .set_hint(hint)
 }
