@@ -39,6 +39,8 @@ install_snowid() {
     local sudo_flag=()
     is_root || sudo_flag=(--sudo)
     (cd "$REPO" && cargo pgrx install --release --pg-config "$PG_CONFIG" "${sudo_flag[@]}")
+    # The install scripts of released versions, so that ALTER EXTENSION snowid UPDATE can be tested.
+    as_root install -m 644 "$REPO"/sql/snowid--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 }
 
 # Runs a PostgreSQL program as the user that owns the throwaway clusters (postgres, when we are root).

@@ -3,7 +3,7 @@
 use crate::errors::SnowidError;
 use crate::generator::{IssuingState, StampRun, SystemClock};
 use crate::layout::{self, IDS_PER_MILLI};
-use crate::{gucs, shmem};
+use crate::{gucs, shmem, worker};
 use pgrx::prelude::*;
 
 /// The largest count `snowid_next_batch` accepts: one second of the layout's capacity.
@@ -12,7 +12,6 @@ const MAX_BATCH: u32 = 4_096_000;
 /// This server's generator, checked ready to issue.
 struct Issuer {
     state: &'static IssuingState,
-    worker_id: u16,
     function: &'static str,
 }
 
@@ -21,10 +20,10 @@ impl Issuer {
         let Some(state) = shmem::issuing_state() else {
             SnowidError::NotPreloaded.raise(function)
         };
-        let Some(worker_id) = gucs::worker_id() else {
+        if gucs::worker_id().is_none() {
             SnowidError::WorkerIdUnset.raise(function)
-        };
-        Issuer { state, worker_id, function }
+        }
+        Issuer { state, function }
     }
 
     fn claim(&self, wanted: u32) -> StampRun {
@@ -37,8 +36,8 @@ impl Issuer {
 /// A fresh id, greater than every id this server issued before it.
 #[pg_extern(volatile, parallel_safe)]
 fn snowid_next() -> i64 {
-    let issuer = Issuer::get("snowid_next");
-    layout::id_from_stamp(issuer.claim(1).first, issuer.worker_id)
+    let run = Issuer::get("snowid_next").claim(1);
+    layout::id_from_stamp(run.first, run.worker_id)
 }
 
 /// `count` fresh ids in increasing order, claimed a millisecond's worth at a time.
@@ -49,7 +48,6 @@ fn snowid_next_batch(count: i32) -> SetOfIterator<'static, i64> {
         SnowidError::BatchCountOutOfRange { count, max: MAX_BATCH }.raise("snowid_next_batch")
     };
     let issuer = Issuer::get("snowid_next_batch");
-    let worker_id = issuer.worker_id;
     let mut remaining = wanted;
     let runs = std::iter::from_fn(move || {
         (remaining > 0).then(|| {
@@ -59,7 +57,7 @@ fn snowid_next_batch(count: i32) -> SetOfIterator<'static, i64> {
         })
     });
     SetOfIterator::new(runs.flat_map(move |run| {
-        (run.first..=run.last()).map(move |stamp| layout::id_from_stamp(stamp, worker_id))
+        (run.first..=run.last()).map(move |stamp| layout::id_from_stamp(stamp, run.worker_id))
     }))
 }
 
@@ -70,8 +68,12 @@ fn decode(id: i64, function: &'static str) -> layout::Decoded {
 /// The start of the millisecond in which the id was made.
 #[pg_extern(immutable, parallel_safe)]
 fn snowid_timestamp(id: i64) -> TimestampWithTimeZone {
-    let micros = layout::postgres_micros_of_millis(decode(id, "snowid_timestamp").millis);
-    TimestampWithTimeZone::try_from(micros).expect("every millisecond of the layout is a timestamp")
+    timestamp_of_millis(decode(id, "snowid_timestamp").millis)
+}
+
+fn timestamp_of_millis(millis: u64) -> TimestampWithTimeZone {
+    TimestampWithTimeZone::try_from(layout::postgres_micros_of_millis(millis))
+        .expect("every millisecond of the layout is a timestamp")
 }
 
 #[pg_extern(immutable, parallel_safe)]
@@ -107,8 +109,10 @@ COMMENT ON FUNCTION snowid_decode(bigint) IS 'The time, worker id and sequence a
     requires = [snowid_timestamp, snowid_worker_id, snowid_sequence]
 );
 
-/// This server's generator: its worker id, the last id it issued, and counters since the server
-/// started.
+extension_sql_file!("lease.sql", name = "lease_registry");
+
+/// This server's generator and its lease: the worker id, the last id issued, counters since the
+/// server started, and what the lease worker last heard from the registry.
 #[pg_extern(volatile)]
 #[allow(clippy::type_complexity)]
 fn snowid_status() -> TableIterator<
@@ -120,14 +124,25 @@ fn snowid_status() -> TableIterator<
         name!(clock_backward_waits, i64),
         name!(clock_backward_refusals, i64),
         name!(sequence_overflow_waits, i64),
+        name!(lease_state, String),
+        name!(lease_holder, Option<String>),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+        name!(registry, String),
+        name!(high_water_mark, Option<TimestampWithTimeZone>),
+        name!(last_error, Option<String>),
     ),
 > {
     let Some(state) = shmem::issuing_state() else {
         SnowidError::NotPreloaded.raise("snowid_status")
     };
-    let worker_id = gucs::worker_id();
     let snapshot = state.snapshot();
+    let lease = shmem::lease_status();
+    let worker_id = lease.worker_id.or(gucs::worker_id());
     let count = |counter: u64| i64::try_from(counter).unwrap_or(i64::MAX);
+    let text = |text: &str| Some(text.to_string()).filter(|text| !text.is_empty());
+    let unix_ms = |ms: i64| {
+        (ms != 0).then(|| TimestampWithTimeZone::try_from(layout::postgres_micros_of_unix_millis(ms)).ok()).flatten()
+    };
     TableIterator::once((
         worker_id.map(i32::from),
         snapshot.last_stamp.zip(worker_id).map(|(stamp, worker)| layout::id_from_stamp(stamp, worker)),
@@ -135,5 +150,11 @@ fn snowid_status() -> TableIterator<
         count(snapshot.clock_backward_waits),
         count(snapshot.clock_backward_refusals),
         count(snapshot.sequence_overflow_waits),
+        lease.state.name().to_string(),
+        text(lease.holder.as_str()),
+        unix_ms(lease.expires_at),
+        worker::registry_description(),
+        (lease.high_water_ms != 0).then(|| timestamp_of_millis(lease.high_water_ms.min(layout::MAX_MILLIS))),
+        text(lease.last_error.as_str()),
     ))
 }

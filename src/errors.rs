@@ -2,11 +2,12 @@
 //!
 //! Two SQLSTATE classes tell the caller what to do:
 //! - class 55, `55000` object_not_in_prerequisite_state: snowid cannot issue on this server right
-//!   now (not preloaded, no worker id, clock behind). The input was fine; retry once the cause named
+//!   now (not preloaded, no worker id, no lease, clock behind). The input was fine; retry once the cause named
 //!   in the message is gone.
 //! - class 22, data exceptions: the input is wrong, and retrying the same call fails the same way.
 
 use crate::generator::Refusal;
+use crate::{gucs, lease, shmem};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
@@ -43,8 +44,17 @@ impl SnowidError {
             .set_hint(format!(
                 "Choose a worker id from 0 to {MAX_WORKER_ID} that no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and restart the server."
             )),
+            SnowidError::Refused(Refusal::NotLeased) => ErrorReport::new(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!(
+                    "snowid refuses to issue ids: {}",
+                    lease::refusal_reason(&shmem::lease_status(), gucs::worker_id().unwrap_or_default())
+                ),
+                function,
+            )
+            .set_hint("Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."),
             SnowidError::Refused(Refusal::ClockBehind { by_ms }) => clock_refusal(
-                format!("the system clock is {by_ms} ms behind the last id issued"),
+                format!("the system clock is {by_ms} ms behind the ids already issued for this worker id"),
                 "The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.",
                 "Retry once the clock has caught up; check the server's time synchronisation.",
                 function,

@@ -16,9 +16,9 @@
 //! A wait never outlasts `max_backward_ms + STALLED_CLOCK_MS` of monotonic time: a wall clock that does
 //! not move is refused rather than spun on forever.
 
-use crate::layout::{self, TimestampOutOfRange, IDS_PER_MILLI};
+use crate::layout::{self, TimestampOutOfRange, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long, beyond the permitted step back, a wait may last before the wall clock counts as stuck.
 const STALLED_CLOCK_MS: u64 = 10;
@@ -26,8 +26,9 @@ const STALLED_CLOCK_MS: u64 = 10;
 pub trait Clock {
     /// Wall-clock time in Unix milliseconds; this is what goes into ids.
     fn unix_millis(&self) -> i64;
-    /// Time that never steps back; it only bounds waits.
-    fn monotonic(&self) -> Instant;
+    /// Nanoseconds of a clock that never steps and is the same in every process of the machine
+    /// (CLOCK_MONOTONIC): it bounds waits and times the lease.
+    fn monotonic_ns(&self) -> u64;
 }
 
 /// The server's clocks.
@@ -41,8 +42,9 @@ impl Clock for SystemClock {
         }
     }
 
-    fn monotonic(&self) -> Instant {
-        Instant::now()
+    fn monotonic_ns(&self) -> u64 {
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
     }
 }
 
@@ -52,9 +54,12 @@ pub trait SlowPathLock {
     fn exclusive<R>(&self, wait: impl FnOnce() -> R) -> R;
 }
 
-/// Why no id can be issued now. Every refusal is temporary: retrying once the clock is right succeeds.
+/// Why no id can be issued now. Every refusal is temporary: retrying once the clock is right, or the
+/// lease is back, succeeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
+    /// This server does not hold a lease on a worker id that lets it issue now.
+    NotLeased,
     /// The clock reads `by_ms` milliseconds earlier than the ids already issued allow.
     ClockBehind { by_ms: u64 },
     /// The clock stayed on a millisecond whose ids are all used for `waited_ms` milliseconds.
@@ -63,11 +68,12 @@ pub enum Refusal {
     ClockOutOfRange(TimestampOutOfRange),
 }
 
-/// Consecutive stamps of one millisecond, claimed together.
+/// Consecutive stamps of one millisecond, claimed together under one worker id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StampRun {
     pub first: u64,
     pub count: u32,
+    pub worker_id: u16,
 }
 
 impl StampRun {
@@ -95,15 +101,30 @@ fn next(last_stamp: u64, now_millis: u64, wanted: u32) -> Next {
         return Next::WaitForNextMilli;
     }
     let room = IDS_PER_MILLI - layout::stamp_sequence(first);
-    Next::Claim(StampRun { first, count: room.min(u64::from(wanted)) as u32 })
+    Next::Claim(StampRun { first, count: room.min(u64::from(wanted)) as u32, worker_id: 0 })
 }
 
-/// The generator's shared state: the last stamp and the counters, all plain atomics so that the state
-/// can live in shared memory. All zeroes is the valid initial state.
+/// What a lease lets a server do: issue under `worker_id` ids whose millisecond is at least
+/// `floor_ms` (above every id issued before under that worker id) and below `reserved_until_ms` (the
+/// bound recorded in the registry for the next holder), until CLOCK_MONOTONIC reads `deadline_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub worker_id: u16,
+    pub floor_ms: Option<u64>,
+    pub reserved_until_ms: u64,
+    pub deadline_ns: u64,
+}
+
+/// The generator's shared state: the last stamp, the lease gate and the counters, all plain atomics
+/// so that the state can live in shared memory. All zeroes is the valid initial state: nothing
+/// issued, gate closed.
 #[derive(Debug, Default)]
 #[repr(C, align(64))]
 pub struct IssuingState {
     last_stamp: AtomicU64,
+    /// `reserved_until_ms << 10 | worker_id`; 0 while closed.
+    gate: AtomicU64,
+    gate_deadline_ns: AtomicU64,
     ids_issued: AtomicU64,
     sequence_overflow_waits: AtomicU64,
     clock_backward_waits: AtomicU64,
@@ -133,17 +154,25 @@ impl IssuingState {
         debug_assert!(wanted >= 1 && u64::from(wanted) <= IDS_PER_MILLI);
         // The millisecond this caller waits for, and since when. Others may claim the whole of it
         // first; the caller then waits for the next one, afresh.
-        let mut overflow_wait: Option<(u64, Instant)> = None;
+        let mut overflow_wait: Option<(u64, u64)> = None;
         loop {
             // Time spent waiting is read before the wall clock, so that a caller paused between the
             // two reads sees the wall clock move on rather than taking the pause for a stuck clock.
-            let waited = overflow_wait.map(|(_, since)| clock.monotonic() - since);
+            let waited = overflow_wait.map(|(_, since)| elapsed(clock, since));
             // The word before the clock: the other way round, a caller paused between the two reads
             // would see stamps newer than its clock reading and take that for a step back.
             let last = self.last_stamp.load(Ordering::Acquire);
             let now = clock_millis(clock)?;
             match next(last, now, wanted) {
-                Next::Claim(run) => {
+                Next::Claim(mut run) => {
+                    // After the wall clock was read, so that `close_gate` can bound what slips past.
+                    let gate = self.gate.load(Ordering::SeqCst);
+                    if now >= gate >> WORKER_ID_BITS
+                        || clock.monotonic_ns() >= self.gate_deadline_ns.load(Ordering::SeqCst)
+                    {
+                        return Err(Refusal::NotLeased);
+                    }
+                    run.worker_id = (gate & u64::from(MAX_WORKER_ID)) as u16;
                     if self
                         .last_stamp
                         .compare_exchange_weak(last, run.last(), Ordering::AcqRel, Ordering::Acquire)
@@ -163,7 +192,7 @@ impl IssuingState {
                         }
                         _ => {
                             self.sequence_overflow_waits.fetch_add(1, Ordering::Relaxed);
-                            overflow_wait = Some((awaited, clock.monotonic()));
+                            overflow_wait = Some((awaited, clock.monotonic_ns()));
                         }
                     }
                     std::hint::spin_loop();
@@ -186,6 +215,27 @@ impl IssuingState {
         }
     }
 
+    /// Lets issuing through as `grant` says. A new holder's floor lifts the last stamp first, so
+    /// that its ids start above every id issued before under that worker id.
+    pub fn open_gate(&self, grant: &Grant) {
+        if let Some(floor_ms) = grant.floor_ms.filter(|&floor| floor > 0) {
+            self.last_stamp.fetch_max(layout::stamp(floor_ms, 0) - 1, Ordering::SeqCst);
+        }
+        self.gate_deadline_ns.store(grant.deadline_ns, Ordering::SeqCst);
+        let reserved = grant.reserved_until_ms.min(MAX_MILLIS + 1);
+        self.gate.store(reserved << WORKER_ID_BITS | u64::from(grant.worker_id), Ordering::SeqCst);
+    }
+
+    /// Stops issuing and returns the smallest millisecond above every id issued, including any
+    /// claim that passed the gate just before it closed.
+    pub fn close_gate(&self, clock: &impl Clock) -> u64 {
+        self.gate.store(0, Ordering::SeqCst);
+        self.gate_deadline_ns.store(0, Ordering::SeqCst);
+        let now = layout::millis_since_epoch(clock.unix_millis()).unwrap_or(0);
+        let last = layout::stamp_millis(self.last_stamp.load(Ordering::SeqCst));
+        now.max(last) + 1
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let last = self.last_stamp.load(Ordering::Acquire);
         Snapshot {
@@ -202,6 +252,10 @@ fn clock_millis(clock: &impl Clock) -> Result<u64, Refusal> {
     layout::millis_since_epoch(clock.unix_millis()).map_err(Refusal::ClockOutOfRange)
 }
 
+fn elapsed(clock: &impl Clock, since_ns: u64) -> Duration {
+    Duration::from_nanos(clock.monotonic_ns().saturating_sub(since_ns))
+}
+
 fn wait_limit(max_backward_ms: u64) -> Duration {
     Duration::from_millis(max_backward_ms + STALLED_CLOCK_MS)
 }
@@ -209,10 +263,10 @@ fn wait_limit(max_backward_ms: u64) -> Duration {
 /// Re-reads the clock until it reaches `target` millis, refusing if it falls further back than
 /// `max_backward_ms` or does not get there in time.
 fn wait_for_clock(clock: &impl Clock, target: u64, max_backward_ms: u64) -> Result<(), Refusal> {
-    let started = clock.monotonic();
+    let started = clock.monotonic_ns();
     loop {
         // Monotonic before wall clock, for the reason given in `IssuingState::issue`.
-        let waited = clock.monotonic() - started;
+        let waited = elapsed(clock, started);
         let now = clock_millis(clock)?;
         if now >= target {
             return Ok(());
@@ -238,8 +292,7 @@ mod tests {
     struct ScriptedClock {
         readings: RefCell<VecDeque<u64>>,
         current: Cell<u64>,
-        origin: Instant,
-        looks: Cell<u32>,
+        looks: Cell<u64>,
     }
 
     impl ScriptedClock {
@@ -247,7 +300,6 @@ mod tests {
             ScriptedClock {
                 readings: RefCell::new(readings.iter().copied().collect()),
                 current: Cell::new(readings[0]),
-                origin: Instant::now(),
                 looks: Cell::new(0),
             }
         }
@@ -265,9 +317,9 @@ mod tests {
             EPOCH_UNIX_MS + self.current.get() as i64
         }
 
-        fn monotonic(&self) -> Instant {
+        fn monotonic_ns(&self) -> u64 {
             self.looks.set(self.looks.get() + 1);
-            self.origin + self.looks.get() * Duration::from_micros(100)
+            self.looks.get() * 100_000
         }
     }
 
@@ -285,13 +337,79 @@ mod tests {
 
     const T: u64 = 28_728_000_000;
 
+    const OPEN: Grant =
+        Grant { worker_id: 17, floor_ms: None, reserved_until_ms: MAX_MILLIS + 1, deadline_ns: u64::MAX };
+
+    /// A state whose gate is open for worker id 17 without limits.
+    fn leased() -> IssuingState {
+        let state = IssuingState::default();
+        state.open_gate(&OPEN);
+        state
+    }
+
     fn one(state: &IssuingState, clock: &ScriptedClock, lock: &CountingLock) -> Result<u64, Refusal> {
         state.issue(clock, lock, 1, 5).map(|run| run.first)
     }
 
     #[test]
-    fn same_millisecond_takes_the_next_sequence() {
+    fn a_closed_gate_issues_nothing() {
         let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
+        state.open_gate(&OPEN);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(state.close_gate(&clock), T + 1);
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
+        assert_eq!(state.snapshot().ids_issued, 1);
+    }
+
+    #[test]
+    fn ids_stay_below_the_reservation() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        state.open_gate(&Grant { reserved_until_ms: T + 1, ..OPEN });
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        clock.then(&[T + 1]);
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
+        state.open_gate(&Grant { reserved_until_ms: T + 30_000, ..OPEN });
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
+    }
+
+    #[test]
+    fn nothing_is_issued_once_the_deadline_passes() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        // The scripted monotonic clock reads 100 µs more at every look.
+        state.open_gate(&Grant { deadline_ns: 250_000, ..OPEN });
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
+    }
+
+    #[test]
+    fn a_new_holder_starts_above_the_floor() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        state.open_gate(&Grant { floor_ms: Some(T + 60_000), ..OPEN });
+        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 59_999 }));
+        clock.then(&[T + 60_000]);
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 60_000, 0)));
+        // A floor below what was issued changes nothing.
+        state.open_gate(&Grant { floor_ms: Some(T), ..OPEN });
+        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 60_000, 1)));
+    }
+
+    #[test]
+    fn the_gate_carries_the_worker_id() {
+        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let clock = ScriptedClock::new(&[T]);
+        state.open_gate(&Grant { worker_id: 1023, ..OPEN });
+        assert_eq!(state.issue(&clock, &lock, 1, 5).map(|run| run.worker_id), Ok(1023));
+    }
+
+    #[test]
+    fn same_millisecond_takes_the_next_sequence() {
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
@@ -302,7 +420,7 @@ mod tests {
 
     #[test]
     fn forward_jump_starts_the_new_millisecond_at_sequence_zero() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         clock.then(&[T + 3_600_000]);
@@ -312,9 +430,9 @@ mod tests {
 
     #[test]
     fn full_millisecond_waits_for_the_next_one() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(state.issue(&clock, &lock, 4096, 5), Ok(StampRun { first: stamp(T, 0), count: 4096 }));
+        assert_eq!(state.issue(&clock, &lock, 4096, 5), Ok(StampRun { first: stamp(T, 0), count: 4096, worker_id: 17 }));
         clock.then(&[T, T, T, T + 1]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
         let snapshot = state.snapshot();
@@ -344,11 +462,11 @@ mod tests {
                 }
                 now
             }
-            fn monotonic(&self) -> Instant {
-                self.clock.monotonic()
+            fn monotonic_ns(&self) -> u64 {
+                self.clock.monotonic_ns()
             }
         }
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         state.last_stamp.store(stamp(T, 4095), Ordering::Relaxed);
         let readings: Vec<u64> = (0..5).flat_map(|step| [T + step; 100]).collect();
         let clock = Contested { clock: ScriptedClock::new(&readings), state: &state, others_until: T + 3 };
@@ -358,15 +476,15 @@ mod tests {
 
     #[test]
     fn a_run_never_crosses_into_the_next_millisecond() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(state.issue(&clock, &lock, 4090, 5).map(|run| run.count), Ok(4090));
-        assert_eq!(state.issue(&clock, &lock, 10, 5), Ok(StampRun { first: stamp(T, 4090), count: 6 }));
+        assert_eq!(state.issue(&clock, &lock, 10, 5), Ok(StampRun { first: stamp(T, 4090), count: 6, worker_id: 17 }));
     }
 
     #[test]
     fn small_step_back_is_waited_out_under_the_lock() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         clock.then(&[T - 2, T - 2, T - 1, T]);
@@ -378,7 +496,7 @@ mod tests {
 
     #[test]
     fn step_back_of_exactly_the_limit_is_waited_one_more_is_refused() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         clock.then(&[T - 5, T]);
@@ -392,7 +510,7 @@ mod tests {
 
     #[test]
     fn large_step_back_is_refused_until_the_clock_returns() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         clock.then(&[T - 10_000]);
@@ -406,7 +524,7 @@ mod tests {
 
     #[test]
     fn clock_falling_further_back_during_a_wait_is_refused() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         clock.then(&[T - 1, T - 1, T - 9]);
@@ -415,7 +533,7 @@ mod tests {
 
     #[test]
     fn zero_tolerance_refuses_any_step_back() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(state.issue(&clock, &lock, 1, 0).map(|run| run.first), Ok(stamp(T, 0)));
         clock.then(&[T - 1]);
@@ -424,29 +542,29 @@ mod tests {
 
     #[test]
     fn a_stuck_clock_is_refused_not_spun_on_forever() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(state.issue(&clock, &lock, 4096, 5).map(|run| run.count), Ok(4096));
         // The monotonic clock moves 100 µs a look: each wait lasts its limit, 15 ms, and no more.
         assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockStalled { waited_ms: 15 }));
-        let after_first = clock.monotonic() - clock.origin;
+        let after_first = Duration::from_nanos(clock.monotonic_ns());
         assert!(after_first > Duration::from_millis(15) && after_first < Duration::from_micros(15_500));
         clock.then(&[T - 3]);
         assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 3 }));
-        let second = clock.monotonic() - clock.origin - after_first;
+        let second = Duration::from_nanos(clock.monotonic_ns()) - after_first;
         assert!(second > Duration::from_millis(15) && second < Duration::from_micros(15_500));
     }
 
     #[test]
     fn clock_outside_the_layout_is_refused() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, lock) = (leased(), CountingLock::default());
         struct Fixed(i64);
         impl Clock for Fixed {
             fn unix_millis(&self) -> i64 {
                 self.0
             }
-            fn monotonic(&self) -> Instant {
-                Instant::now()
+            fn monotonic_ns(&self) -> u64 {
+                0
             }
         }
         assert_eq!(
@@ -468,7 +586,7 @@ mod tests {
                 wait()
             }
         }
-        let state = IssuingState::default();
+        let state = leased();
         let per_thread: Vec<Vec<u64>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..4)
                 .map(|_| {
@@ -496,7 +614,7 @@ mod tests {
         fn stamps_increase_and_never_borrow_time(
             steps in proptest::collection::vec((-8i64..40, 1u32..5000), 1..200)
         ) {
-            let (state, lock) = (IssuingState::default(), CountingLock::default());
+            let (state, lock) = (leased(), CountingLock::default());
             let clock = ScriptedClock::new(&[T]);
             let mut reading = T as i64;
             let mut last_issued = 0;

@@ -1,14 +1,20 @@
-//! Every snowid setting, registered in one place. Both can only be set in the server's
+//! Every snowid setting, registered in one place. All can only be set in the server's
 //! configuration (postgresql.conf or ALTER SYSTEM), never with `SET`.
 
 use crate::layout::MAX_WORKER_ID;
+use crate::lease::Timing;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CString;
+use std::time::Duration;
 
 /// -1 stands for "not set": snowid refuses to issue rather than guess a worker id.
 const WORKER_ID_UNSET: i32 = -1;
 
 static WORKER_ID: GucSetting<i32> = GucSetting::<i32>::new(WORKER_ID_UNSET);
 static MAX_CLOCK_BACKWARD_MS: GucSetting<i32> = GucSetting::<i32>::new(5);
+static LEASE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(30);
+static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 
 pub fn register() {
     GucRegistry::define_int_guc(
@@ -33,6 +39,34 @@ pub fn register() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"snowid.lease_ttl",
+        c"How long a lease on the worker id lasts without renewal.",
+        c"The lease worker renews it every third of this; issuing stops a sixth of it before the \
+          lease could end. Changing it requires a server restart.",
+        &LEASE_TTL_S,
+        3,
+        3600,
+        GucContext::Postmaster,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_string_guc(
+        c"snowid.database",
+        c"Database the lease worker connects to on this server.",
+        c"Without snowid.registry, the lease table lives here, and CREATE EXTENSION snowid must \
+          have been run in it.",
+        &DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"snowid.registry",
+        c"libpq connection string of a shared lease registry; empty means this server.",
+        c"Every server that shares a registry gets worker ids no other of them holds.",
+        &REGISTRY,
+        GucContext::Postmaster,
+        GucFlags::SUPERUSER_ONLY,
+    );
     crate::shmem::reserve_setting_prefix(c"snowid");
 }
 
@@ -43,4 +77,21 @@ pub fn worker_id() -> Option<u16> {
 pub fn max_clock_backward_ms() -> u64 {
     // The setting's range is 0..=10000, so the value is never negative.
     MAX_CLOCK_BACKWARD_MS.get().unsigned_abs().into()
+}
+
+pub fn lease_timing() -> Timing {
+    Timing { ttl: Duration::from_secs(LEASE_TTL_S.get().unsigned_abs().into()) }
+}
+
+pub fn database() -> String {
+    text(&DATABASE)
+}
+
+/// The registry's connection string, or `None` for this server.
+pub fn registry() -> Option<String> {
+    Some(text(&REGISTRY)).filter(|conninfo| !conninfo.trim().is_empty())
+}
+
+fn text(setting: &GucSetting<Option<CString>>) -> String {
+    setting.get().map(|value| value.to_string_lossy().into_owned()).unwrap_or_default()
 }

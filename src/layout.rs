@@ -91,7 +91,11 @@ pub fn millis_since_epoch(unix_ms: i64) -> Result<u64, TimestampOutOfRange> {
 
 /// The PostgreSQL timestamp (microseconds since 2000-01-01) at the start of an id's millisecond.
 pub fn postgres_micros_of_millis(millis: u64) -> i64 {
-    (EPOCH_UNIX_MS - POSTGRES_EPOCH_UNIX_MS + millis as i64) * 1000
+    postgres_micros_of_unix_millis(EPOCH_UNIX_MS + millis as i64)
+}
+
+pub fn postgres_micros_of_unix_millis(unix_ms: i64) -> i64 {
+    (unix_ms - POSTGRES_EPOCH_UNIX_MS) * 1000
 }
 
 /// The smallest id of the millisecond that contains a finite PostgreSQL timestamp.

@@ -1,14 +1,16 @@
 //! snowid: unique, roughly time-ordered 64-bit ids made inside PostgreSQL.
 //!
-//! `layout` and `generator` hold the logic in plain Rust; `shmem` is the only module that talks to
-//! the server through raw FFI; `gucs`, `errors` and `api` are thin pgrx glue.
+//! `layout`, `generator` and `lease` hold the logic in plain Rust; `shmem` is the only module that
+//! talks to the server through raw FFI; `gucs`, `errors`, `api` and `worker` are thin pgrx glue.
 
 mod api;
 mod errors;
 mod generator;
 mod gucs;
 mod layout;
+mod lease;
 mod shmem;
+mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -22,6 +24,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     gucs::register();
     shmem::init();
+    worker::register();
 }
 
 /// Settings for the `#[pg_test]` cluster that `cargo pgrx test` starts.
@@ -31,7 +34,7 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec!["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17"]
+        vec!["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17", "snowid.database = 'pgrx_tests'"]
     }
 }
 

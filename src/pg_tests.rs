@@ -9,7 +9,9 @@ mod tests {
     /// The SQLSTATE and message of the error a statement raises, caught in a subtransaction.
     fn error_of(statement: &str) -> String {
         Spi::run(
-            "CREATE OR REPLACE FUNCTION pg_temp.error_of(statement text) RETURNS text LANGUAGE plpgsql AS $$
+            "DO $$ BEGIN
+             IF to_regproc('pg_temp.error_of') IS NULL THEN
+             CREATE FUNCTION pg_temp.error_of(statement text) RETURNS text LANGUAGE plpgsql AS $body$
              DECLARE hint text;
              BEGIN
                  EXECUTE statement;
@@ -17,10 +19,25 @@ mod tests {
              EXCEPTION WHEN OTHERS THEN
                  GET STACKED DIAGNOSTICS hint = PG_EXCEPTION_HINT;
                  RETURN SQLSTATE || ': ' || SQLERRM || coalesce(' HINT: ' || nullif(hint, ''), '');
+             END $body$;
+             END IF;
              END $$",
         )
         .unwrap();
         Spi::get_one_with_args("SELECT pg_temp.error_of($1)", &[statement.into()]).unwrap().unwrap()
+    }
+
+    /// Waits up to 10 s for the lease worker to hold the lease, so that ids can be issued.
+    fn wait_for_lease() {
+        Spi::run(
+            "DO $$ BEGIN
+                 FOR attempt IN 1..200 LOOP
+                     EXIT WHEN (SELECT lease_state FROM snowid_status()) = 'held';
+                     PERFORM pg_sleep(0.05);
+                 END LOOP;
+             END $$",
+        )
+        .unwrap();
     }
 
     fn one<T: pgrx::IntoDatum + pgrx::FromDatum>(query: &str) -> T {
@@ -29,6 +46,7 @@ mod tests {
 
     #[pg_test]
     fn next_carries_the_configured_worker_id_and_the_current_millisecond() {
+        wait_for_lease();
         assert_eq!(one::<i32>("SELECT snowid_worker_id(snowid_next())"), 17);
         let lag: bool = one(
             "SELECT clock_timestamp() - snowid_timestamp(id) BETWEEN interval '0' AND interval '1 second'
@@ -39,6 +57,7 @@ mod tests {
 
     #[pg_test]
     fn next_increases_strictly_and_never_runs_ahead_of_the_clock() {
+        wait_for_lease();
         let checks: (Option<i64>, Option<i64>, Option<i64>) = Spi::get_three(
             "WITH issued AS (
                  SELECT n, snowid_next() AS id, clock_timestamp() AS clock
@@ -54,6 +73,7 @@ mod tests {
 
     #[pg_test]
     fn batch_returns_exactly_count_increasing_ids() {
+        wait_for_lease();
         let checks: (Option<i64>, Option<i64>, Option<i64>) = Spi::get_three(
             "WITH batch AS (SELECT id, row_number() OVER () AS n FROM snowid_next_batch(100000) id)
              SELECT count(*), count(DISTINCT id), count(*) FILTER (WHERE id <= previous)
@@ -161,7 +181,7 @@ mod tests {
             "snowid_next() -> bigint",
             "snowid_next_batch(count integer) -> SETOF bigint",
             "snowid_sequence(id bigint) -> integer",
-            "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint)",
+            "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint, lease_state text, lease_holder text, lease_expires_at timestamp with time zone, registry text, high_water_mark timestamp with time zone, last_error text)",
             "snowid_timestamp(id bigint) -> timestamp with time zone",
             "snowid_worker_id(id bigint) -> integer",
         ];
@@ -170,6 +190,7 @@ mod tests {
 
     #[pg_test]
     fn from_timestamp_gives_the_first_id_of_the_millisecond() {
+        wait_for_lease();
         assert_eq!(one::<i64>("SELECT snowid_from_timestamp('2026-01-01 00:00:00+00')"), 0);
         assert_eq!(
             one::<i64>("SELECT snowid_from_timestamp('2026-11-29 12:00:00.0005+00')"),
@@ -235,6 +256,7 @@ mod tests {
 
     #[pg_test]
     fn status_describes_the_shared_generator() {
+        wait_for_lease();
         let before: i64 = one("SELECT ids_issued FROM snowid_status()");
         let id: i64 = one("SELECT snowid_next()");
         let status: (Option<i32>, Option<i64>, Option<i64>) =
@@ -272,6 +294,50 @@ mod tests {
         assert_eq!(
             error_of("SET snowid.workerid = 5"),
             "42602: invalid configuration parameter name \"snowid.workerid\""
+        );
+    }
+
+    #[pg_test]
+    fn status_shows_the_lease_held_on_this_server() {
+        wait_for_lease();
+        let row: (Option<String>, Option<String>, Option<String>) =
+            Spi::get_three("SELECT lease_state, registry, last_error FROM snowid_status()").unwrap();
+        assert_eq!(row, (Some("held".into()), Some("database \"pgrx_tests\" on this server".into()), None));
+        let times: bool = one(
+            "SELECT lease_expires_at BETWEEN now() AND clock_timestamp() + interval '30 s'
+                AND high_water_mark > clock_timestamp() AND high_water_mark <= clock_timestamp() + interval '30 s'
+                AND lease_holder LIKE '%:%'
+               FROM snowid_status()",
+        );
+        assert!(times);
+        let row: bool = one(
+            "SELECT holder IS NOT NULL AND expires_at > clock_timestamp()
+                AND high_water_ms = extract(epoch FROM (SELECT high_water_mark FROM snowid_status()) - '2026-01-01 00:00:00+00') * 1000
+               FROM snowid.worker_lease WHERE worker_id = 17",
+        );
+        assert!(row, "the lease row matches what the worker reports");
+    }
+
+    #[pg_test]
+    fn ordinary_roles_read_the_lease_table_but_cannot_write_it() {
+        assert_eq!(error_of("SELECT 1"), "no error");
+        Spi::run("CREATE ROLE snowid_reader; SET LOCAL ROLE snowid_reader").unwrap();
+        assert_eq!(one::<i64>("SELECT count(*) FROM snowid.worker_lease WHERE worker_id = 17"), 1);
+        for statement in [
+            "INSERT INTO snowid.worker_lease (worker_id) VALUES (5)",
+            "UPDATE snowid.worker_lease SET high_water_ms = 0",
+            "DELETE FROM snowid.worker_lease",
+            "TRUNCATE snowid.worker_lease",
+        ] {
+            assert_eq!(error_of(statement), "42501: permission denied for table worker_lease", "{statement}");
+        }
+        assert_eq!(
+            error_of("SELECT snowid.lease_claim(5, 'me', 'now', 'me:1', 30000, 0)"),
+            "42501: permission denied for function lease_claim"
+        );
+        assert_eq!(
+            error_of("SELECT snowid.lease_release(17, 'me', 'now', 0)"),
+            "42501: permission denied for function lease_release"
         );
     }
 }

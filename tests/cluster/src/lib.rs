@@ -110,6 +110,40 @@ impl Cluster {
         self.pg_ctl("restart");
     }
 
+    /// Stops the server: `fast` is a clean shutdown, `immediate` is as abrupt as a crash.
+    pub fn stop(&self, mode: &str) {
+        let log = self.dir.join("server.log").display().to_string();
+        self.as_postgres(&["pg_ctl", "-w", "-D", &self.data(), "-l", &log, "-m", mode, "stop"], &[]);
+    }
+
+    pub fn start_again(&self) {
+        self.pg_ctl("start");
+    }
+
+    /// Kills the postmaster with SIGKILL, then what is left of its processes, as a crash would.
+    pub fn kill_postmaster(&self) {
+        let pid_file = fs::read_to_string(Path::new(&self.data()).join("postmaster.pid")).unwrap();
+        let pid = pid_file.lines().next().unwrap().trim().to_string();
+        assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+        // Orphaned backends notice the postmaster's death and exit on their own; the next start
+        // waits for them through the shared memory check.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+
+    /// Waits up to 15 s for the lease worker to hold the lease, then returns `snowid_status()`'s
+    /// lease_state.
+    pub fn wait_for_lease(&self, client: &mut Client) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let state: String =
+                client.query_one("SELECT lease_state FROM snowid_status()", &[]).unwrap().get(0);
+            if state == "held" || std::time::Instant::now() > deadline {
+                return state;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     fn pg_ctl(&self, action: &str) {
         let log = self.dir.join("server.log").display().to_string();
         let mut env = vec![];
@@ -187,4 +221,13 @@ pub fn error_text(error: &postgres::Error) -> String {
     let db = error.as_db_error().unwrap_or_else(|| panic!("not a server error: {error}"));
     let hint = db.hint().map(|hint| format!(" HINT: {hint}")).unwrap_or_default();
     format!("{}: {}{hint}", db.code().code(), db.message())
+}
+
+/// Checks `done` every 100 ms until it holds; fails the test after `limit`.
+pub fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

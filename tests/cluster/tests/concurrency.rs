@@ -12,13 +12,14 @@ fn four_sessions_commit_a_million_ids_without_a_duplicate() {
         "concurrency",
         &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17"],
     );
-    cluster
-        .connect()
+    let mut setup = cluster.connect();
+    setup
         .batch_execute(
             "CREATE EXTENSION snowid;
              CREATE UNLOGGED TABLE issued (id bigint PRIMARY KEY, session int NOT NULL, n int NOT NULL);",
         )
         .unwrap();
+    assert_eq!(cluster.wait_for_lease(&mut setup), "held");
     std::thread::scope(|scope| {
         for session in 0..SESSIONS {
             let cluster = &cluster;

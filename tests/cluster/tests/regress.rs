@@ -20,7 +20,7 @@ fn without_locations(output: &str) -> String {
 fn sql_files_print_their_expected_output() {
     let cluster = Cluster::start(
         "regress",
-        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17", "timezone = 'UTC'"],
+        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17", "snowid.database = 'usage'", "timezone = 'UTC'"],
     );
     let results = Path::new(env!("CARGO_TARGET_TMPDIR")).join("regress-results");
     fs::create_dir_all(&results).unwrap();

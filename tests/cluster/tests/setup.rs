@@ -59,6 +59,7 @@ fn the_worker_id_changes_only_on_restart() {
     let cluster = Cluster::start("worker-restart", &[PRELOADED, "snowid.worker_id = 17"]);
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    assert_eq!(cluster.wait_for_lease(&mut client), "held");
     client.batch_execute("ALTER SYSTEM SET snowid.worker_id = 5").unwrap();
     client.batch_execute("SELECT pg_reload_conf()").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -69,7 +70,9 @@ fn the_worker_id_changes_only_on_restart() {
     assert_eq!(worker(&mut client), 17, "a reload leaves the worker id alone");
     assert!(cluster.log().contains("parameter \"snowid.worker_id\" cannot be changed without restarting the server"));
     cluster.restart();
-    assert_eq!(worker(&mut cluster.connect()), 5);
+    let mut client = cluster.connect();
+    assert_eq!(cluster.wait_for_lease(&mut client), "held");
+    assert_eq!(worker(&mut client), 5);
 }
 
 #[test]
@@ -80,6 +83,7 @@ fn every_database_of_a_server_shares_one_generator() {
     first.batch_execute("CREATE DATABASE second").unwrap();
     let mut second = cluster.connect_to("second");
     second.batch_execute("CREATE EXTENSION snowid").unwrap();
+    assert_eq!(cluster.wait_for_lease(&mut first), "held");
     let mut ids = vec![];
     for _ in 0..500 {
         for client in [&mut first, &mut second] {
@@ -99,9 +103,11 @@ fn default_snowid_next_works_with_the_default_search_path() {
         .batch_execute(
             "CREATE EXTENSION snowid;
              CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
-             INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp');",
+             ",
         )
         .unwrap();
+    assert_eq!(cluster.wait_for_lease(&mut client), "held");
+    client.batch_execute("INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp')").unwrap();
     let rows = client
         .query("SELECT item, (snowid_decode(id)).worker_id FROM orders ORDER BY id", &[])
         .unwrap();

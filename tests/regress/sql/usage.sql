@@ -1,5 +1,14 @@
--- The README's examples. A fresh server with snowid.worker_id = 17 and TimeZone = 'UTC'.
+-- The README's examples. A fresh server with snowid.worker_id = 17, snowid.database = 'usage'
+-- (this database) and TimeZone = 'UTC'.
 CREATE EXTENSION snowid;
+-- The lease worker acquires the worker id within a second or so; ids are issued from then on.
+DO $$ BEGIN
+    FOR attempt IN 1..300 LOOP
+        EXIT WHEN (SELECT lease_state FROM snowid_status()) = 'held';
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+END $$;
+SELECT worker_id, lease_state, registry FROM snowid_status();
 CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
 INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp');
 SELECT item, snowid_worker_id(id) AS worker_id FROM orders ORDER BY id;

@@ -1,0 +1,293 @@
+//! The lease on a worker id: its timing rules, what the lease worker reports, and the SQL it runs.
+//!
+//! A server may issue under worker id W only while it holds W's row in the registry table
+//! `snowid.worker_lease`. The worker claims the row for a time-to-live and renews it every third of
+//! that. Two rules keep ids unique whatever the clocks and the network do:
+//!
+//! - **Deadline.** Issuing stops a sixth of the time-to-live before the lease could end, counted on
+//!   this machine's monotonic clock from the moment the claim was *sent*: the registry grants at
+//!   least that much later, so no clock difference between servers can stretch the lease.
+//! - **Reservation.** Every claim also records in the row a high-water mark: a millisecond that this
+//!   holder's ids stay below (its clock now plus the time-to-live). The next holder of W, whoever it
+//!   is and whenever it comes, starts at that mark. Even a holder that kept issuing past the end of
+//!   its lease could not repeat an id of the next one.
+//!
+//! A clean shutdown releases the row and lowers the mark to just above the last id really issued, so
+//! a restarted server issues at once. After a crash the mark stays, and the restarted server waits
+//! until its clock passes it: at most one time-to-live.
+
+use std::time::Duration;
+
+/// The timing of the lease, derived from the one setting `snowid.lease_ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    pub ttl: Duration,
+}
+
+impl Timing {
+    pub fn renew_every(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// How long before the lease could end this server stops issuing.
+    pub fn stop_margin(&self) -> Duration {
+        self.ttl / 6
+    }
+
+    /// How long after a claim was sent this server may issue.
+    pub fn issuing_window(&self) -> Duration {
+        self.ttl - self.stop_margin()
+    }
+
+    /// How soon to try again after a refused or failed claim.
+    pub fn retry_every(&self) -> Duration {
+        Duration::from_secs(1).min(self.renew_every())
+    }
+}
+
+/// What the lease worker is doing, for refusals and `snowid_status()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum State {
+    /// The worker has not claimed the lease yet (the registry may not be ready).
+    #[default]
+    Starting,
+    Held,
+    HeldByOther,
+    /// The last claim failed; the lease, if held, runs until its deadline.
+    RegistryUnreachable,
+    Released,
+}
+
+impl State {
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Held => "held",
+            State::HeldByOther => "held by another server",
+            State::RegistryUnreachable => "registry unreachable",
+            State::Released => "released",
+        }
+    }
+}
+
+/// Text of bounded length, so that the status can live in shared memory.
+#[derive(Clone, Copy)]
+pub struct Text<const N: usize> {
+    len: u16,
+    bytes: [u8; N],
+}
+
+impl<const N: usize> Text<N> {
+    pub fn new(text: &str) -> Self {
+        let mut end = text.len().min(N);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut bytes = [0; N];
+        bytes[..end].copy_from_slice(&text.as_bytes()[..end]);
+        Text { len: end as u16, bytes }
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl<const N: usize> Default for Text<N> {
+    fn default() -> Self {
+        Text::new("")
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for Text<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
+}
+
+/// The lease as the worker last saw it. Times are Unix milliseconds (0: unknown).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Status {
+    pub state: State,
+    pub worker_id: Option<u16>,
+    /// Who holds the lease: this server's name when held, the other's when held by another.
+    pub holder: Text<128>,
+    /// When the lease ends, by the registry's clock.
+    pub expires_at: i64,
+    pub high_water_ms: u64,
+    /// Since when the registry has been failing.
+    pub unreachable_since: i64,
+    pub last_error: Text<256>,
+    /// A random number drawn when the server's shared memory was set up: with the server's name it
+    /// tells this run of the server from an earlier one and from a copy.
+    pub incarnation: u64,
+}
+
+/// Why an id was refused, for a server whose gate is closed.
+pub fn refusal_reason(status: &Status, worker_id: u16) -> String {
+    let error = status.last_error.as_str();
+    let because = if error.is_empty() { String::new() } else { format!(": {error}") };
+    match status.state {
+        State::Starting => format!("the lease on worker id {worker_id} is not acquired yet{because}"),
+        State::HeldByOther => format!(
+            "worker id {worker_id} is leased by another server, {}, until {}",
+            status.holder.as_str(),
+            format_unix_ms(status.expires_at)
+        ),
+        State::RegistryUnreachable => format!(
+            "the lease registry has been unreachable since {}, and the lease on worker id {worker_id} has run out{because}",
+            format_unix_ms(status.unreachable_since)
+        ),
+        State::Held => format!("the lease on worker id {worker_id} expired without being renewed"),
+        State::Released => format!("the lease on worker id {worker_id} was released: the server is shutting down"),
+    }
+}
+
+/// `2026-11-29 12:00:00.000 UTC` from Unix milliseconds.
+pub fn format_unix_ms(unix_ms: i64) -> String {
+    let days = unix_ms.div_euclid(86_400_000);
+    let ms_of_day = unix_ms.rem_euclid(86_400_000);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03} UTC",
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1000 % 60,
+        ms_of_day % 1000
+    )
+}
+
+/// The registry's answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The lease is this server's. `floor_ms` is set when it is newly acquired: the row's
+    /// high-water mark, above which this holder's ids start.
+    Granted { floor_ms: Option<u64>, reserved_until_ms: u64, expires_at: i64 },
+    HeldByOther { holder: String, expires_at: i64 },
+}
+
+/// Reads the row that `CLAIM_SQL` returns.
+pub fn claim_from_row(
+    granted: Option<bool>,
+    floor_ms: Option<i64>,
+    reserved_until_ms: Option<i64>,
+    holder: Option<String>,
+    expires_at: Option<i64>,
+) -> Claim {
+    let expires_at = expires_at.unwrap_or(0);
+    if granted == Some(true) {
+        Claim::Granted {
+            floor_ms: floor_ms.map(|floor| floor.max(0) as u64),
+            reserved_until_ms: reserved_until_ms.unwrap_or(0).max(0) as u64,
+            expires_at,
+        }
+    } else {
+        Claim::HeldByOther { holder: holder.unwrap_or_default(), expires_at }
+    }
+}
+
+/// FNV-1a, a small hash that is the same on every machine and every run.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Claims (acquires or renews) a worker id's lease. Parameters: worker id, holder, incarnation,
+/// holder's name, time-to-live in ms, reservation in ms since the snowid epoch. One row: granted,
+/// floor_ms, reserved_until_ms, holder_name, expires_at in Unix ms.
+pub const CLAIM_SQL: &str =
+    "SELECT granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms \
+     FROM snowid.lease_claim($1, $2, $3, $4, $5, $6)";
+
+/// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark.
+pub const RELEASE_SQL: &str = "SELECT snowid.lease_release($1, $2, $3, $4)";
+
+/// Whether the registry database has the lease functions (the extension, at 0.2.0 or later).
+pub const READY_SQL: &str = "SELECT to_regproc('snowid.lease_claim') IS NOT NULL";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_timing_is_thirty_ten_and_five_seconds() {
+        let timing = Timing { ttl: Duration::from_secs(30) };
+        assert_eq!(timing.renew_every(), Duration::from_secs(10));
+        assert_eq!(timing.stop_margin(), Duration::from_secs(5));
+        assert_eq!(timing.issuing_window(), Duration::from_secs(25));
+        assert_eq!(timing.retry_every(), Duration::from_secs(1));
+        assert_eq!(Timing { ttl: Duration::from_secs(3) }.retry_every(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn registry_rows_become_claims() {
+        assert_eq!(
+            claim_from_row(Some(true), Some(500), Some(30_500), Some("a:5432".into()), Some(9)),
+            Claim::Granted { floor_ms: Some(500), reserved_until_ms: 30_500, expires_at: 9 }
+        );
+        assert_eq!(
+            claim_from_row(Some(true), None, Some(30_500), Some("a:5432".into()), Some(9)),
+            Claim::Granted { floor_ms: None, reserved_until_ms: 30_500, expires_at: 9 }
+        );
+        assert_eq!(
+            claim_from_row(Some(false), None, None, Some("b:5433".into()), Some(9)),
+            Claim::HeldByOther { holder: "b:5433".into(), expires_at: 9 }
+        );
+    }
+
+    #[test]
+    fn fnv1a_matches_its_reference_values() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn text_keeps_whole_characters() {
+        assert_eq!(Text::<4>::new("abcdef").as_str(), "abcd");
+        assert_eq!(Text::<4>::new("aéé").as_str(), "aé");
+        assert_eq!(Text::<8>::new("").as_str(), "");
+    }
+
+    #[test]
+    fn unix_milliseconds_format_as_utc() {
+        assert_eq!(format_unix_ms(0), "1970-01-01 00:00:00.000 UTC");
+        assert_eq!(format_unix_ms(1_767_225_600_000), "2026-01-01 00:00:00.000 UTC");
+        assert_eq!(format_unix_ms(1_795_953_600_123), "2026-11-29 12:00:00.123 UTC");
+        assert_eq!(format_unix_ms(951_782_400_000), "2000-02-29 00:00:00.000 UTC");
+    }
+
+    #[test]
+    fn refusals_name_their_reason() {
+        let mut status = Status { worker_id: Some(7), ..Status::default() };
+        status.last_error = Text::new("extension snowid is not installed in database \"postgres\"");
+        assert_eq!(
+            refusal_reason(&status, 7),
+            "the lease on worker id 7 is not acquired yet: extension snowid is not installed in database \"postgres\""
+        );
+        status.state = State::HeldByOther;
+        status.holder = Text::new("node-a (127.0.0.1:5433)");
+        status.expires_at = 1_795_953_600_123;
+        assert_eq!(
+            refusal_reason(&status, 7),
+            "worker id 7 is leased by another server, node-a (127.0.0.1:5433), until 2026-11-29 12:00:00.123 UTC"
+        );
+        status.state = State::RegistryUnreachable;
+        status.unreachable_since = 1_795_953_600_000;
+        status.last_error = Text::new("connection refused");
+        assert_eq!(
+            refusal_reason(&status, 7),
+            "the lease registry has been unreachable since 2026-11-29 12:00:00.000 UTC, and the lease on worker id 7 has run out: connection refused"
+        );
+        status.state = State::Held;
+        assert_eq!(refusal_reason(&status, 7), "the lease on worker id 7 expired without being renewed");
+    }
+}

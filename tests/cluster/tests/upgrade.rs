@@ -1,0 +1,76 @@
+//! `ALTER EXTENSION snowid UPDATE` from every released version gives what a fresh install gives,
+//! and keeps the data made with the old one.
+
+use snowid_cluster_tests::{error_text, wait_for, Cluster};
+use std::time::Duration;
+
+/// Every object of the extension in a database, with what its definition says.
+const MEMBERS: &str = "
+SELECT pg_describe_object(d.classid, d.objid, 0) || coalesce(' ' || (
+           SELECT concat_ws(' ', pg_get_function_arguments(p.oid), pg_get_function_result(p.oid),
+                            p.provolatile, p.proisstrict, p.proparallel, p.prosecdef, p.proconfig::text,
+                            md5(p.prosrc), p.proacl::text)
+             FROM pg_proc p WHERE d.classid = 'pg_proc'::regclass AND p.oid = d.objid), '')
+       || coalesce(' ' || (
+           SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull, ', ' ORDER BY a.attnum)
+             FROM pg_attribute a WHERE d.classid = 'pg_class'::regclass AND a.attrelid = d.objid AND a.attnum > 0), '')
+       || coalesce(' ' || (SELECT c.relacl::text FROM pg_class c WHERE d.classid = 'pg_class'::regclass AND c.oid = d.objid), '')
+  FROM pg_depend d
+ WHERE d.refclassid = 'pg_extension'::regclass
+   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'snowid')
+   AND d.deptype = 'e'
+ ORDER BY 1";
+
+#[test]
+fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
+    let cluster = Cluster::start(
+        "upgrade",
+        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 21", "snowid.database = 'upgraded'"],
+    );
+    cluster.connect().batch_execute("CREATE DATABASE upgraded").unwrap();
+    cluster.connect().batch_execute("CREATE DATABASE fresh").unwrap();
+    let mut old = cluster.connect_to("upgraded");
+    old.batch_execute(
+        "CREATE EXTENSION snowid VERSION '0.1.0';
+         CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
+         INSERT INTO orders VALUES (120493965312069635, 'made with 0.1.0');",
+    )
+    .unwrap();
+    let expected = "55000: snowid refuses to issue ids: the lease on worker id 21 is not acquired yet: \
+                    extension snowid 0.2.0 or later is not installed in database \"upgraded\" HINT: \
+                    Issuing resumes by itself once this server holds the lease; snowid_status() and \
+                    the server log say more.";
+    wait_for("the lease worker to look for the lease functions", Duration::from_secs(10), || {
+        error_text(&old.query_one("SELECT snowid_next()", &[]).unwrap_err()) == expected
+    });
+    // The 0.1.0 declaration of snowid_status() still works with the new library: the lease
+    // columns come after the old ones.
+    let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
+    assert_eq!(status.len(), 6);
+    assert_eq!((status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)), (Some(21), 0));
+
+    old.batch_execute("ALTER EXTENSION snowid UPDATE").unwrap();
+    let version: String = old
+        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'snowid'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "0.2.0");
+    let mut new = cluster.connect_to("fresh");
+    new.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let members = |client: &mut postgres::Client| -> Vec<String> {
+        client.query(MEMBERS, &[]).unwrap().iter().map(|row| row.get(0)).collect()
+    };
+    let (upgraded, fresh) = (members(&mut old), members(&mut new));
+    assert_eq!(upgraded, fresh);
+    assert_eq!(fresh.len(), 12, "{fresh:#?}");
+
+    assert_eq!(cluster.wait_for_lease(&mut old), "held");
+    old.batch_execute("INSERT INTO orders (item) VALUES ('made with 0.2.0')").unwrap();
+    let rows: Vec<(String, i32)> = old
+        .query("SELECT item, snowid_worker_id(id) FROM orders ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(rows, [("made with 0.1.0".into(), 17), ("made with 0.2.0".into(), 21)]);
+}
