@@ -70,6 +70,8 @@ def ids_ahead_of_the_clock(sessions=4, ids=1_000_000):
 
 
 psql("CREATE EXTENSION IF NOT EXISTS snowid; DROP SEQUENCE IF EXISTS bench_sequence; CREATE SEQUENCE bench_sequence;")
+psql("DO $$ BEGIN FOR attempt IN 1..300 LOOP EXIT WHEN (SELECT lease_state FROM snowid_status()) = 'held'; "
+     "PERFORM pg_sleep(0.05); END LOOP; END $$;")
 version = psql("SHOW server_version")[0]
 print(f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
       f"PostgreSQL {version}; {args.ids:,} ids per run, median of {args.runs} runs.\n")

@@ -60,6 +60,32 @@ impl Cluster {
         cluster
     }
 
+    /// A physical copy of this running cluster (pg_basebackup), started on a port of its own: same
+    /// system identifier, same settings, other data directory and port.
+    pub fn physical_copy(&self, name: &str) -> Cluster {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let copy = Cluster { port, dir, bindir: self.bindir.clone(), clock_offset_file: None };
+        chown_to_postgres(&copy.dir);
+        let port_text = self.port.to_string();
+        copy.as_postgres(
+            &["pg_basebackup", "-h", "127.0.0.1", "-p", &port_text, "-U", "postgres", "-D", &copy.data(), "-X", "stream"],
+            &[],
+        );
+        let conf = Path::new(&copy.data()).join("postgresql.auto.conf");
+        let settings = fs::read_to_string(&conf).unwrap();
+        let settings: String = settings
+            .lines()
+            .filter(|line| !line.starts_with("port =") && !line.starts_with("unix_socket_directories ="))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        fs::write(&conf, format!("{settings}port = {port}\nunix_socket_directories = '{}'\n", copy.dir.display())).unwrap();
+        copy.pg_ctl("start");
+        copy
+    }
+
     fn data(&self) -> String {
         self.dir.join("data").display().to_string()
     }

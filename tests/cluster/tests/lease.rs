@@ -193,6 +193,22 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     collected.add("twin", &twin_ids);
     println!("the twin took over worker id 1 {waited:?} after node1 stopped");
 
+    // A physical copy of node2 (same system identifier, other port and data directory) is another
+    // holder: it cannot take node2's lease.
+    let copy = nodes[1].cluster.physical_copy("node2-copy");
+    let mut copy_client = copy.connect();
+    wait_for("the copy to see the lease held", Duration::from_secs(10), || {
+        copy_client.query_one("SELECT lease_state FROM snowid_status()", &[]).unwrap().get::<_, String>(0)
+            == "held by another server"
+    });
+    let refusal = error_text(&copy_client.query_one("SELECT snowid_next()", &[]).unwrap_err());
+    let expected = format!(
+        "55000: snowid refuses to issue ids: worker id 2 is leased by another server, {}, until ",
+        nodes[1].holder_name()
+    );
+    assert!(refusal.starts_with(&expected), "{refusal}");
+    drop(copy);
+
     // 3. Crash: node2 stops abruptly in the middle of inserting, and starts again.
     let node2 = &nodes[1];
     let before_crash: Vec<i64> = std::thread::scope(|scope| {
