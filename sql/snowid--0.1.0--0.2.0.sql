@@ -66,6 +66,38 @@ BEGIN
 END
 $$;
 
+-- Acquires a lease on any worker id, for servers that do not name one: the one this server holds
+-- already, else the lowest one free or expired, else the lowest never used. Pickers take turns.
+CREATE FUNCTION snowid.lease_claim_any(
+    p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
+    OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE snowid.worker_lease IN SHARE ROW EXCLUSIVE MODE;
+    SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+     WHERE l.holder = p_holder ORDER BY l.worker_id LIMIT 1;
+    IF worker_id IS NULL THEN
+        SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+         WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp() ORDER BY l.worker_id LIMIT 1;
+    END IF;
+    IF worker_id IS NULL THEN
+        SELECT min(free.id) INTO worker_id FROM generate_series(0, 1023) AS free(id)
+         WHERE NOT EXISTS (SELECT FROM snowid.worker_lease l WHERE l.worker_id = free.id);
+    END IF;
+    IF worker_id IS NULL THEN
+        granted := false;
+        holder_name := 'other servers (all 1024 worker ids are leased)';
+        RETURN;
+    END IF;
+    SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms
+      INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms
+      FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms, p_reserve_until_ms) c;
+END
+$$;
+
 -- Releases a lease its holder no longer needs, lowering the high-water mark to just above the ids
 -- it really issued. Returns NULL when the caller did not hold it.
 CREATE FUNCTION snowid.lease_release(
@@ -82,6 +114,7 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint) FROM PUBLIC;
 
 -- snowid_status() gains the lease columns; a function's result type cannot change in place.

@@ -20,7 +20,7 @@ impl Issuer {
         let Some(state) = shmem::issuing_state() else {
             SnowidError::NotPreloaded.raise(function)
         };
-        if gucs::worker_id().is_none() {
+        if gucs::worker_id().is_none() && !gucs::any_worker_id() {
             SnowidError::WorkerIdUnset.raise(function)
         }
         Issuer { state, function }
@@ -28,7 +28,12 @@ impl Issuer {
 
     fn claim(&self, wanted: u32) -> StampRun {
         self.state
-            .issue(&SystemClock, &shmem::SlowPath, wanted, gucs::max_clock_backward_ms())
+            .issue(
+                &SystemClock,
+                &shmem::SlowPath,
+                wanted,
+                gucs::max_clock_backward_ms(),
+            )
             .unwrap_or_else(|refusal| SnowidError::Refused(refusal).raise(self.function))
     }
 }
@@ -43,9 +48,15 @@ fn snowid_next() -> i64 {
 /// `count` fresh ids in increasing order, claimed a millisecond's worth at a time.
 #[pg_extern(volatile, parallel_safe)]
 fn snowid_next_batch(count: i32) -> SetOfIterator<'static, i64> {
-    let Some(wanted) = u32::try_from(count).ok().filter(|wanted| (1..=MAX_BATCH).contains(wanted))
+    let Some(wanted) = u32::try_from(count)
+        .ok()
+        .filter(|wanted| (1..=MAX_BATCH).contains(wanted))
     else {
-        SnowidError::BatchCountOutOfRange { count, max: MAX_BATCH }.raise("snowid_next_batch")
+        SnowidError::BatchCountOutOfRange {
+            count,
+            max: MAX_BATCH,
+        }
+        .raise("snowid_next_batch")
     };
     let issuer = Issuer::get("snowid_next_batch");
     let mut remaining = wanted;
@@ -141,11 +152,18 @@ fn snowid_status() -> TableIterator<
     let count = |counter: u64| i64::try_from(counter).unwrap_or(i64::MAX);
     let text = |text: &str| Some(text.to_string()).filter(|text| !text.is_empty());
     let unix_ms = |ms: i64| {
-        (ms != 0).then(|| TimestampWithTimeZone::try_from(layout::postgres_micros_of_unix_millis(ms)).ok()).flatten()
+        (ms != 0)
+            .then(|| {
+                TimestampWithTimeZone::try_from(layout::postgres_micros_of_unix_millis(ms)).ok()
+            })
+            .flatten()
     };
     TableIterator::once((
         worker_id.map(i32::from),
-        snapshot.last_stamp.zip(worker_id).map(|(stamp, worker)| layout::id_from_stamp(stamp, worker)),
+        snapshot
+            .last_stamp
+            .zip(worker_id)
+            .map(|(stamp, worker)| layout::id_from_stamp(stamp, worker)),
         count(snapshot.ids_issued),
         count(snapshot.clock_backward_waits),
         count(snapshot.clock_backward_refusals),
@@ -154,7 +172,8 @@ fn snowid_status() -> TableIterator<
         text(lease.holder.as_str()),
         unix_ms(lease.expires_at),
         worker::registry_description(),
-        (lease.high_water_ms != 0).then(|| timestamp_of_millis(lease.high_water_ms.min(layout::MAX_MILLIS))),
+        (lease.high_water_ms != 0)
+            .then(|| timestamp_of_millis(lease.high_water_ms.min(layout::MAX_MILLIS))),
         text(lease.last_error.as_str()),
     ))
 }

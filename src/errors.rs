@@ -7,8 +7,8 @@
 //! - class 22, data exceptions: the input is wrong, and retrying the same call fails the same way.
 
 use crate::generator::Refusal;
-use crate::{gucs, lease, shmem};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
+use crate::{gucs, lease, shmem};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
@@ -48,7 +48,10 @@ impl SnowidError {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!(
                     "snowid refuses to issue ids: {}",
-                    lease::refusal_reason(&shmem::lease_status(), gucs::worker_id().unwrap_or_default())
+                    {
+                        let status = shmem::lease_status();
+                        lease::refusal_reason(&status, status.worker_id.or(gucs::worker_id()))
+                    }
                 ),
                 function,
             )
@@ -116,7 +119,11 @@ impl SnowidError {
 fn clock_refusal(cause: String, detail: &str, hint: &str, function: &'static str) -> ErrorReport {
     let message = format!("snowid refuses to issue ids: {cause}");
     pgrx::warning!("{message}");
-    ErrorReport::new(PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, message, function)
-        .set_detail(detail)
-        .set_hint(hint)
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        message,
+        function,
+    )
+    .set_detail(detail)
+    .set_hint(hint)
 }

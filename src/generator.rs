@@ -16,7 +16,9 @@
 //! A wait never outlasts `max_backward_ms + STALLED_CLOCK_MS` of monotonic time: a wall clock that does
 //! not move is refused rather than spun on forever.
 
-use crate::layout::{self, TimestampOutOfRange, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS};
+use crate::layout::{
+    self, TimestampOutOfRange, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -94,14 +96,24 @@ enum Next {
 fn next(last_stamp: u64, now_millis: u64, wanted: u32) -> Next {
     let last_millis = layout::stamp_millis(last_stamp);
     if now_millis < last_millis {
-        return Next::ClockBehind { by_ms: last_millis - now_millis };
+        return Next::ClockBehind {
+            by_ms: last_millis - now_millis,
+        };
     }
-    let first = if now_millis > last_millis { layout::stamp(now_millis, 0) } else { last_stamp + 1 };
+    let first = if now_millis > last_millis {
+        layout::stamp(now_millis, 0)
+    } else {
+        last_stamp + 1
+    };
     if layout::stamp_millis(first) != now_millis {
         return Next::WaitForNextMilli;
     }
     let room = IDS_PER_MILLI - layout::stamp_sequence(first);
-    Next::Claim(StampRun { first, count: room.min(u64::from(wanted)) as u32, worker_id: 0 })
+    Next::Claim(StampRun {
+        first,
+        count: room.min(u64::from(wanted)) as u32,
+        worker_id: 0,
+    })
 }
 
 /// What a lease lets a server do: issue under `worker_id` ids whose millisecond is at least
@@ -175,10 +187,16 @@ impl IssuingState {
                     run.worker_id = (gate & u64::from(MAX_WORKER_ID)) as u16;
                     if self
                         .last_stamp
-                        .compare_exchange_weak(last, run.last(), Ordering::AcqRel, Ordering::Acquire)
+                        .compare_exchange_weak(
+                            last,
+                            run.last(),
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
                         .is_ok()
                     {
-                        self.ids_issued.fetch_add(u64::from(run.count), Ordering::Relaxed);
+                        self.ids_issued
+                            .fetch_add(u64::from(run.count), Ordering::Relaxed);
                         return Ok(run);
                     }
                 }
@@ -186,8 +204,12 @@ impl IssuingState {
                     let awaited = layout::stamp_millis(last) + 1;
                     match overflow_wait {
                         Some((millis, _)) if millis == awaited => {
-                            if let Some(waited) = waited.filter(|&w| w > wait_limit(max_backward_ms)) {
-                                return Err(Refusal::ClockStalled { waited_ms: waited.as_millis() as u64 });
+                            if let Some(waited) =
+                                waited.filter(|&w| w > wait_limit(max_backward_ms))
+                            {
+                                return Err(Refusal::ClockStalled {
+                                    waited_ms: waited.as_millis() as u64,
+                                });
                             }
                         }
                         _ => {
@@ -219,11 +241,16 @@ impl IssuingState {
     /// that its ids start above every id issued before under that worker id.
     pub fn open_gate(&self, grant: &Grant) {
         if let Some(floor_ms) = grant.floor_ms.filter(|&floor| floor > 0) {
-            self.last_stamp.fetch_max(layout::stamp(floor_ms, 0) - 1, Ordering::SeqCst);
+            self.last_stamp
+                .fetch_max(layout::stamp(floor_ms, 0) - 1, Ordering::SeqCst);
         }
-        self.gate_deadline_ns.store(grant.deadline_ns, Ordering::SeqCst);
+        self.gate_deadline_ns
+            .store(grant.deadline_ns, Ordering::SeqCst);
         let reserved = grant.reserved_until_ms.min(MAX_MILLIS + 1);
-        self.gate.store(reserved << WORKER_ID_BITS | u64::from(grant.worker_id), Ordering::SeqCst);
+        self.gate.store(
+            reserved << WORKER_ID_BITS | u64::from(grant.worker_id),
+            Ordering::SeqCst,
+        );
     }
 
     /// Stops issuing and returns the smallest millisecond above every id issued, including any
@@ -337,8 +364,12 @@ mod tests {
 
     const T: u64 = 28_728_000_000;
 
-    const OPEN: Grant =
-        Grant { worker_id: 17, floor_ms: None, reserved_until_ms: MAX_MILLIS + 1, deadline_ns: u64::MAX };
+    const OPEN: Grant = Grant {
+        worker_id: 17,
+        floor_ms: None,
+        reserved_until_ms: MAX_MILLIS + 1,
+        deadline_ns: u64::MAX,
+    };
 
     /// A state whose gate is open for worker id 17 without limits.
     fn leased() -> IssuingState {
@@ -347,7 +378,11 @@ mod tests {
         state
     }
 
-    fn one(state: &IssuingState, clock: &ScriptedClock, lock: &CountingLock) -> Result<u64, Refusal> {
+    fn one(
+        state: &IssuingState,
+        clock: &ScriptedClock,
+        lock: &CountingLock,
+    ) -> Result<u64, Refusal> {
         state.issue(clock, lock, 1, 5).map(|run| run.first)
     }
 
@@ -366,12 +401,18 @@ mod tests {
     #[test]
     fn ids_stay_below_the_reservation() {
         let (state, lock) = (IssuingState::default(), CountingLock::default());
-        state.open_gate(&Grant { reserved_until_ms: T + 1, ..OPEN });
+        state.open_gate(&Grant {
+            reserved_until_ms: T + 1,
+            ..OPEN
+        });
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         clock.then(&[T + 1]);
         assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
-        state.open_gate(&Grant { reserved_until_ms: T + 30_000, ..OPEN });
+        state.open_gate(&Grant {
+            reserved_until_ms: T + 30_000,
+            ..OPEN
+        });
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
     }
 
@@ -380,7 +421,10 @@ mod tests {
         let (state, lock) = (IssuingState::default(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
         // The scripted monotonic clock reads 100 µs more at every look.
-        state.open_gate(&Grant { deadline_ns: 250_000, ..OPEN });
+        state.open_gate(&Grant {
+            deadline_ns: 250_000,
+            ..OPEN
+        });
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
         assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
@@ -390,12 +434,21 @@ mod tests {
     fn a_new_holder_starts_above_the_floor() {
         let (state, lock) = (IssuingState::default(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
-        state.open_gate(&Grant { floor_ms: Some(T + 60_000), ..OPEN });
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 59_999 }));
+        state.open_gate(&Grant {
+            floor_ms: Some(T + 60_000),
+            ..OPEN
+        });
+        assert_eq!(
+            one(&state, &clock, &lock),
+            Err(Refusal::ClockBehind { by_ms: 59_999 })
+        );
         clock.then(&[T + 60_000]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 60_000, 0)));
         // A floor below what was issued changes nothing.
-        state.open_gate(&Grant { floor_ms: Some(T), ..OPEN });
+        state.open_gate(&Grant {
+            floor_ms: Some(T),
+            ..OPEN
+        });
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 60_000, 1)));
     }
 
@@ -403,8 +456,14 @@ mod tests {
     fn the_gate_carries_the_worker_id() {
         let (state, lock) = (IssuingState::default(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
-        state.open_gate(&Grant { worker_id: 1023, ..OPEN });
-        assert_eq!(state.issue(&clock, &lock, 1, 5).map(|run| run.worker_id), Ok(1023));
+        state.open_gate(&Grant {
+            worker_id: 1023,
+            ..OPEN
+        });
+        assert_eq!(
+            state.issue(&clock, &lock, 1, 5).map(|run| run.worker_id),
+            Ok(1023)
+        );
     }
 
     #[test]
@@ -432,13 +491,24 @@ mod tests {
     fn full_millisecond_waits_for_the_next_one() {
         let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(state.issue(&clock, &lock, 4096, 5), Ok(StampRun { first: stamp(T, 0), count: 4096, worker_id: 17 }));
+        assert_eq!(
+            state.issue(&clock, &lock, 4096, 5),
+            Ok(StampRun {
+                first: stamp(T, 0),
+                count: 4096,
+                worker_id: 17
+            })
+        );
         clock.then(&[T, T, T, T + 1]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
         let snapshot = state.snapshot();
         assert_eq!(snapshot.sequence_overflow_waits, 1);
         assert_eq!(snapshot.ids_issued, 4097);
-        assert_eq!(clock.readings.borrow().len(), 0, "every scripted reading was used");
+        assert_eq!(
+            clock.readings.borrow().len(),
+            0,
+            "every scripted reading was used"
+        );
         assert_eq!(lock.taken.get(), 0, "overflow waits take no lock");
     }
 
@@ -458,7 +528,9 @@ mod tests {
                 let millis = (now - EPOCH_UNIX_MS) as u64;
                 let last = self.state.last_stamp.load(Ordering::Relaxed);
                 if millis <= self.others_until && layout::stamp_millis(last) < millis {
-                    self.state.last_stamp.store(stamp(millis, 4095), Ordering::Relaxed);
+                    self.state
+                        .last_stamp
+                        .store(stamp(millis, 4095), Ordering::Relaxed);
                 }
                 now
             }
@@ -469,8 +541,15 @@ mod tests {
         let (state, lock) = (leased(), CountingLock::default());
         state.last_stamp.store(stamp(T, 4095), Ordering::Relaxed);
         let readings: Vec<u64> = (0..5).flat_map(|step| [T + step; 100]).collect();
-        let clock = Contested { clock: ScriptedClock::new(&readings), state: &state, others_until: T + 3 };
-        assert_eq!(state.issue(&clock, &lock, 1, 5).map(|run| run.first), Ok(stamp(T + 4, 0)));
+        let clock = Contested {
+            clock: ScriptedClock::new(&readings),
+            state: &state,
+            others_until: T + 3,
+        };
+        assert_eq!(
+            state.issue(&clock, &lock, 1, 5).map(|run| run.first),
+            Ok(stamp(T + 4, 0))
+        );
         assert_eq!(state.snapshot().sequence_overflow_waits, 4);
     }
 
@@ -478,8 +557,18 @@ mod tests {
     fn a_run_never_crosses_into_the_next_millisecond() {
         let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(state.issue(&clock, &lock, 4090, 5).map(|run| run.count), Ok(4090));
-        assert_eq!(state.issue(&clock, &lock, 10, 5), Ok(StampRun { first: stamp(T, 4090), count: 6, worker_id: 17 }));
+        assert_eq!(
+            state.issue(&clock, &lock, 4090, 5).map(|run| run.count),
+            Ok(4090)
+        );
+        assert_eq!(
+            state.issue(&clock, &lock, 10, 5),
+            Ok(StampRun {
+                first: stamp(T, 4090),
+                count: 6,
+                worker_id: 17
+            })
+        );
     }
 
     #[test]
@@ -490,7 +579,13 @@ mod tests {
         clock.then(&[T - 2, T - 2, T - 1, T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
         let snapshot = state.snapshot();
-        assert_eq!((snapshot.clock_backward_waits, snapshot.clock_backward_refusals), (1, 0));
+        assert_eq!(
+            (
+                snapshot.clock_backward_waits,
+                snapshot.clock_backward_refusals
+            ),
+            (1, 0)
+        );
         assert_eq!(lock.taken.get(), 1);
     }
 
@@ -502,10 +597,23 @@ mod tests {
         clock.then(&[T - 5, T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
         clock.then(&[T - 6]);
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 6 }));
+        assert_eq!(
+            one(&state, &clock, &lock),
+            Err(Refusal::ClockBehind { by_ms: 6 })
+        );
         let snapshot = state.snapshot();
-        assert_eq!((snapshot.clock_backward_waits, snapshot.clock_backward_refusals), (1, 1));
-        assert_eq!(lock.taken.get(), 1, "a refusal does not wait, so takes no lock");
+        assert_eq!(
+            (
+                snapshot.clock_backward_waits,
+                snapshot.clock_backward_refusals
+            ),
+            (1, 1)
+        );
+        assert_eq!(
+            lock.taken.get(),
+            1,
+            "a refusal does not wait, so takes no lock"
+        );
     }
 
     #[test]
@@ -514,8 +622,14 @@ mod tests {
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         clock.then(&[T - 10_000]);
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 10_000 }));
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 10_000 }));
+        assert_eq!(
+            one(&state, &clock, &lock),
+            Err(Refusal::ClockBehind { by_ms: 10_000 })
+        );
+        assert_eq!(
+            one(&state, &clock, &lock),
+            Err(Refusal::ClockBehind { by_ms: 10_000 })
+        );
         assert_eq!(state.snapshot().ids_issued, 1);
         clock.then(&[T + 1]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
@@ -528,29 +642,49 @@ mod tests {
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
         clock.then(&[T - 1, T - 1, T - 9]);
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 9 }));
+        assert_eq!(
+            one(&state, &clock, &lock),
+            Err(Refusal::ClockBehind { by_ms: 9 })
+        );
     }
 
     #[test]
     fn zero_tolerance_refuses_any_step_back() {
         let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(state.issue(&clock, &lock, 1, 0).map(|run| run.first), Ok(stamp(T, 0)));
+        assert_eq!(
+            state.issue(&clock, &lock, 1, 0).map(|run| run.first),
+            Ok(stamp(T, 0))
+        );
         clock.then(&[T - 1]);
-        assert_eq!(state.issue(&clock, &lock, 1, 0), Err(Refusal::ClockBehind { by_ms: 1 }));
+        assert_eq!(
+            state.issue(&clock, &lock, 1, 0),
+            Err(Refusal::ClockBehind { by_ms: 1 })
+        );
     }
 
     #[test]
     fn a_stuck_clock_is_refused_not_spun_on_forever() {
         let (state, lock) = (leased(), CountingLock::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(state.issue(&clock, &lock, 4096, 5).map(|run| run.count), Ok(4096));
+        assert_eq!(
+            state.issue(&clock, &lock, 4096, 5).map(|run| run.count),
+            Ok(4096)
+        );
         // The monotonic clock moves 100 µs a look: each wait lasts its limit, 15 ms, and no more.
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockStalled { waited_ms: 15 }));
+        assert_eq!(
+            one(&state, &clock, &lock),
+            Err(Refusal::ClockStalled { waited_ms: 15 })
+        );
         let after_first = Duration::from_nanos(clock.monotonic_ns());
-        assert!(after_first > Duration::from_millis(15) && after_first < Duration::from_micros(15_500));
+        assert!(
+            after_first > Duration::from_millis(15) && after_first < Duration::from_micros(15_500)
+        );
         clock.then(&[T - 3]);
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::ClockBehind { by_ms: 3 }));
+        assert_eq!(
+            one(&state, &clock, &lock),
+            Err(Refusal::ClockBehind { by_ms: 3 })
+        );
         let second = Duration::from_nanos(clock.monotonic_ns()) - after_first;
         assert!(second > Duration::from_millis(15) && second < Duration::from_micros(15_500));
     }
@@ -573,7 +707,9 @@ mod tests {
         );
         assert_eq!(
             state.issue(&Fixed(EPOCH_UNIX_MS + MAX_MILLIS as i64 + 1), &lock, 1, 5),
-            Err(Refusal::ClockOutOfRange(TimestampOutOfRange::AfterLastMillisecond))
+            Err(Refusal::ClockOutOfRange(
+                TimestampOutOfRange::AfterLastMillisecond
+            ))
         );
         assert_eq!(state.snapshot().last_stamp, None);
     }
@@ -591,11 +727,16 @@ mod tests {
             let workers: Vec<_> = (0..4)
                 .map(|_| {
                     scope.spawn(|| {
-                        (0..50_000).map(|_| state.issue(&SystemClock, &NoLock, 1, 5).unwrap().first).collect()
+                        (0..50_000)
+                            .map(|_| state.issue(&SystemClock, &NoLock, 1, 5).unwrap().first)
+                            .collect()
                     })
                 })
                 .collect();
-            workers.into_iter().map(|worker| worker.join().unwrap()).collect()
+            workers
+                .into_iter()
+                .map(|worker| worker.join().unwrap())
+                .collect()
         });
         for stamps in &per_thread {
             assert!(stamps.windows(2).all(|pair| pair[0] < pair[1]));

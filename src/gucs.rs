@@ -13,7 +13,9 @@ const WORKER_ID_UNSET: i32 = -1;
 static WORKER_ID: GucSetting<i32> = GucSetting::<i32>::new(WORKER_ID_UNSET);
 static MAX_CLOCK_BACKWARD_MS: GucSetting<i32> = GucSetting::<i32>::new(5);
 static LEASE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(30);
-static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static DATABASE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static ANY_WORKER_ID: GucSetting<bool> = GucSetting::<bool>::new(false);
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 
 pub fn register() {
@@ -38,6 +40,15 @@ pub fn register() {
         10_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"snowid.any_worker_id",
+        c"Lease any free worker id when snowid.worker_id is not set.",
+        c"For fleets of identical servers sharing a registry: each takes the lowest worker id \
+          that no other holds. Changing it requires a server restart.",
+        &ANY_WORKER_ID,
+        GucContext::Postmaster,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"snowid.lease_ttl",
@@ -74,13 +85,21 @@ pub fn worker_id() -> Option<u16> {
     u16::try_from(WORKER_ID.get()).ok()
 }
 
+/// Whether this server leases whichever worker id is free: `snowid.any_worker_id` without a
+/// `snowid.worker_id`.
+pub fn any_worker_id() -> bool {
+    worker_id().is_none() && ANY_WORKER_ID.get()
+}
+
 pub fn max_clock_backward_ms() -> u64 {
     // The setting's range is 0..=10000, so the value is never negative.
     MAX_CLOCK_BACKWARD_MS.get().unsigned_abs().into()
 }
 
 pub fn lease_timing() -> Timing {
-    Timing { ttl: Duration::from_secs(LEASE_TTL_S.get().unsigned_abs().into()) }
+    Timing {
+        ttl: Duration::from_secs(LEASE_TTL_S.get().unsigned_abs().into()),
+    }
 }
 
 pub fn database() -> String {
@@ -93,5 +112,8 @@ pub fn registry() -> Option<String> {
 }
 
 fn text(setting: &GucSetting<Option<CString>>) -> String {
-    setting.get().map(|value| value.to_string_lossy().into_owned()).unwrap_or_default()
+    setting
+        .get()
+        .map(|value| value.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }

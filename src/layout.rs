@@ -59,8 +59,9 @@ pub fn stamp_sequence(stamp: u64) -> u64 {
 /// The id a worker makes from a stamp.
 pub fn id_from_stamp(stamp: u64, worker_id: u16) -> i64 {
     debug_assert!(worker_id <= MAX_WORKER_ID && stamp_millis(stamp) <= MAX_MILLIS);
-    (stamp_millis(stamp) << MILLIS_SHIFT | u64::from(worker_id) << WORKER_SHIFT | stamp_sequence(stamp))
-        as i64
+    (stamp_millis(stamp) << MILLIS_SHIFT
+        | u64::from(worker_id) << WORKER_SHIFT
+        | stamp_sequence(stamp)) as i64
 }
 
 pub fn decode(id: i64) -> Result<Decoded, NegativeId> {
@@ -116,7 +117,10 @@ mod tests {
         assert_eq!(id_from_stamp(stamp(0, 4095), 0), 0xfff);
         assert_eq!(id_from_stamp(stamp(0, 0), 1023), 0x3ff << 12);
         assert_eq!(id_from_stamp(stamp(1, 0), 0), 1 << 22);
-        assert_eq!(id_from_stamp(stamp(MAX_MILLIS, 4095), MAX_WORKER_ID), i64::MAX);
+        assert_eq!(
+            id_from_stamp(stamp(MAX_MILLIS, 4095), MAX_WORKER_ID),
+            i64::MAX
+        );
     }
 
     #[test]
@@ -126,7 +130,11 @@ mod tests {
         assert_eq!(id, 120_493_965_312_069_635);
         assert_eq!(
             decode(id),
-            Ok(Decoded { millis: 28_728_000_000, worker_id: 17, sequence: 3 })
+            Ok(Decoded {
+                millis: 28_728_000_000,
+                worker_id: 17,
+                sequence: 3
+            })
         );
     }
 
@@ -139,9 +147,18 @@ mod tests {
     #[test]
     fn epoch_bounds() {
         assert_eq!(millis_since_epoch(EPOCH_UNIX_MS), Ok(0));
-        assert_eq!(millis_since_epoch(EPOCH_UNIX_MS - 1), Err(TimestampOutOfRange::BeforeEpoch));
-        assert_eq!(millis_since_epoch(i64::MIN), Err(TimestampOutOfRange::BeforeEpoch));
-        assert_eq!(millis_since_epoch(EPOCH_UNIX_MS + MAX_MILLIS as i64), Ok(MAX_MILLIS));
+        assert_eq!(
+            millis_since_epoch(EPOCH_UNIX_MS - 1),
+            Err(TimestampOutOfRange::BeforeEpoch)
+        );
+        assert_eq!(
+            millis_since_epoch(i64::MIN),
+            Err(TimestampOutOfRange::BeforeEpoch)
+        );
+        assert_eq!(
+            millis_since_epoch(EPOCH_UNIX_MS + MAX_MILLIS as i64),
+            Ok(MAX_MILLIS)
+        );
         assert_eq!(
             millis_since_epoch(EPOCH_UNIX_MS + MAX_MILLIS as i64 + 1),
             Err(TimestampOutOfRange::AfterLastMillisecond)
@@ -155,13 +172,19 @@ mod tests {
         assert_eq!(epoch_micros, 9497 * 86_400 * 1_000_000);
         assert_eq!(first_id_at_postgres_micros(epoch_micros), Ok(0));
         assert_eq!(first_id_at_postgres_micros(epoch_micros + 999), Ok(0));
-        assert_eq!(first_id_at_postgres_micros(epoch_micros + 1000), Ok(1 << 22));
+        assert_eq!(
+            first_id_at_postgres_micros(epoch_micros + 1000),
+            Ok(1 << 22)
+        );
         assert_eq!(
             first_id_at_postgres_micros(epoch_micros - 1),
             Err(TimestampOutOfRange::BeforeEpoch)
         );
         let last_micros = postgres_micros_of_millis(MAX_MILLIS);
-        assert_eq!(first_id_at_postgres_micros(last_micros + 999), Ok((MAX_MILLIS << 22) as i64));
+        assert_eq!(
+            first_id_at_postgres_micros(last_micros + 999),
+            Ok((MAX_MILLIS << 22) as i64)
+        );
         assert_eq!(
             first_id_at_postgres_micros(last_micros + 1000),
             Err(TimestampOutOfRange::AfterLastMillisecond)

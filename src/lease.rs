@@ -86,7 +86,10 @@ impl<const N: usize> Text<N> {
         }
         let mut bytes = [0; N];
         bytes[..end].copy_from_slice(&text.as_bytes()[..end]);
-        Text { len: end as u16, bytes }
+        Text {
+            len: end as u16,
+            bytes,
+        }
     }
 
     pub fn as_str(&self) -> &str {
@@ -124,23 +127,29 @@ pub struct Status {
     pub incarnation: u64,
 }
 
-/// Why an id was refused, for a server whose gate is closed.
-pub fn refusal_reason(status: &Status, worker_id: u16) -> String {
+/// Why an id was refused, for a server whose gate is closed. `worker_id` is `None` for a server that
+/// leases any free worker id and has none yet.
+pub fn refusal_reason(status: &Status, worker_id: Option<u16>) -> String {
+    let worker_id = worker_id.map_or("a worker id".to_string(), |id| format!("worker id {id}"));
     let error = status.last_error.as_str();
-    let because = if error.is_empty() { String::new() } else { format!(": {error}") };
+    let because = if error.is_empty() {
+        String::new()
+    } else {
+        format!(": {error}")
+    };
     match status.state {
-        State::Starting => format!("the lease on worker id {worker_id} is not acquired yet{because}"),
+        State::Starting => format!("the lease on {worker_id} is not acquired yet{because}"),
         State::HeldByOther => format!(
-            "worker id {worker_id} is leased by another server, {}, until {}",
+            "{worker_id} is leased by another server, {}, until {}",
             status.holder.as_str(),
             format_unix_ms(status.expires_at)
         ),
         State::RegistryUnreachable => format!(
-            "the lease registry has been unreachable since {}, and the lease on worker id {worker_id} has run out{because}",
+            "the lease registry has been unreachable since {}, and the lease on {worker_id} has run out{because}",
             format_unix_ms(status.unreachable_since)
         ),
-        State::Held => format!("the lease on worker id {worker_id} expired without being renewed"),
-        State::Released => format!("the lease on worker id {worker_id} was released: the server is shutting down"),
+        State::Held => format!("the lease on {worker_id} expired without being renewed"),
+        State::Released => format!("the lease on {worker_id} was released: the server is shutting down"),
     }
 }
 
@@ -152,11 +161,16 @@ pub fn format_unix_ms(unix_ms: i64) -> String {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_index = (5 * day_of_year + 2) / 153;
     let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     format!(
         "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03} UTC",
@@ -172,8 +186,15 @@ pub fn format_unix_ms(unix_ms: i64) -> String {
 pub enum Claim {
     /// The lease is this server's. `floor_ms` is set when it is newly acquired: the row's
     /// high-water mark, above which this holder's ids start.
-    Granted { floor_ms: Option<u64>, reserved_until_ms: u64, expires_at: i64 },
-    HeldByOther { holder: String, expires_at: i64 },
+    Granted {
+        floor_ms: Option<u64>,
+        reserved_until_ms: u64,
+        expires_at: i64,
+    },
+    HeldByOther {
+        holder: String,
+        expires_at: i64,
+    },
 }
 
 /// Reads the row that `CLAIM_SQL` returns.
@@ -192,13 +213,18 @@ pub fn claim_from_row(
             expires_at,
         }
     } else {
-        Claim::HeldByOther { holder: holder.unwrap_or_default(), expires_at }
+        Claim::HeldByOther {
+            holder: holder.unwrap_or_default(),
+            expires_at,
+        }
     }
 }
 
 /// FNV-1a, a small hash that is the same on every machine and every run.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Claims (acquires or renews) a worker id's lease. Parameters: worker id, holder, incarnation,
@@ -207,6 +233,12 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 pub const CLAIM_SQL: &str =
     "SELECT granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms \
      FROM snowid.lease_claim($1, $2, $3, $4, $5, $6)";
+
+/// Claims a lease on any free worker id. Parameters: as `CLAIM_SQL` without the worker id. One row:
+/// the worker id, then as `CLAIM_SQL`.
+pub const CLAIM_ANY_SQL: &str =
+    "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms \
+     FROM snowid.lease_claim_any($1, $2, $3, $4, $5)";
 
 /// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark.
 pub const RELEASE_SQL: &str = "SELECT snowid.lease_release($1, $2, $3, $4)";
@@ -220,27 +252,58 @@ mod tests {
 
     #[test]
     fn default_timing_is_thirty_ten_and_five_seconds() {
-        let timing = Timing { ttl: Duration::from_secs(30) };
+        let timing = Timing {
+            ttl: Duration::from_secs(30),
+        };
         assert_eq!(timing.renew_every(), Duration::from_secs(10));
         assert_eq!(timing.stop_margin(), Duration::from_secs(5));
         assert_eq!(timing.issuing_window(), Duration::from_secs(25));
         assert_eq!(timing.retry_every(), Duration::from_secs(1));
-        assert_eq!(Timing { ttl: Duration::from_secs(3) }.retry_every(), Duration::from_secs(1));
+        assert_eq!(
+            Timing {
+                ttl: Duration::from_secs(3)
+            }
+            .retry_every(),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]
     fn registry_rows_become_claims() {
         assert_eq!(
-            claim_from_row(Some(true), Some(500), Some(30_500), Some("a:5432".into()), Some(9)),
-            Claim::Granted { floor_ms: Some(500), reserved_until_ms: 30_500, expires_at: 9 }
+            claim_from_row(
+                Some(true),
+                Some(500),
+                Some(30_500),
+                Some("a:5432".into()),
+                Some(9)
+            ),
+            Claim::Granted {
+                floor_ms: Some(500),
+                reserved_until_ms: 30_500,
+                expires_at: 9
+            }
         );
         assert_eq!(
-            claim_from_row(Some(true), None, Some(30_500), Some("a:5432".into()), Some(9)),
-            Claim::Granted { floor_ms: None, reserved_until_ms: 30_500, expires_at: 9 }
+            claim_from_row(
+                Some(true),
+                None,
+                Some(30_500),
+                Some("a:5432".into()),
+                Some(9)
+            ),
+            Claim::Granted {
+                floor_ms: None,
+                reserved_until_ms: 30_500,
+                expires_at: 9
+            }
         );
         assert_eq!(
             claim_from_row(Some(false), None, None, Some("b:5433".into()), Some(9)),
-            Claim::HeldByOther { holder: "b:5433".into(), expires_at: 9 }
+            Claim::HeldByOther {
+                holder: "b:5433".into(),
+                expires_at: 9
+            }
         );
     }
 
@@ -260,34 +323,53 @@ mod tests {
     #[test]
     fn unix_milliseconds_format_as_utc() {
         assert_eq!(format_unix_ms(0), "1970-01-01 00:00:00.000 UTC");
-        assert_eq!(format_unix_ms(1_767_225_600_000), "2026-01-01 00:00:00.000 UTC");
-        assert_eq!(format_unix_ms(1_795_953_600_123), "2026-11-29 12:00:00.123 UTC");
-        assert_eq!(format_unix_ms(951_782_400_000), "2000-02-29 00:00:00.000 UTC");
+        assert_eq!(
+            format_unix_ms(1_767_225_600_000),
+            "2026-01-01 00:00:00.000 UTC"
+        );
+        assert_eq!(
+            format_unix_ms(1_795_953_600_123),
+            "2026-11-29 12:00:00.123 UTC"
+        );
+        assert_eq!(
+            format_unix_ms(951_782_400_000),
+            "2000-02-29 00:00:00.000 UTC"
+        );
     }
 
     #[test]
     fn refusals_name_their_reason() {
-        let mut status = Status { worker_id: Some(7), ..Status::default() };
+        let mut status = Status {
+            worker_id: Some(7),
+            ..Status::default()
+        };
         status.last_error = Text::new("extension snowid is not installed in database \"postgres\"");
         assert_eq!(
-            refusal_reason(&status, 7),
+            refusal_reason(&status, Some(7)),
             "the lease on worker id 7 is not acquired yet: extension snowid is not installed in database \"postgres\""
+        );
+        assert_eq!(
+            refusal_reason(&status, None),
+            "the lease on a worker id is not acquired yet: extension snowid is not installed in database \"postgres\""
         );
         status.state = State::HeldByOther;
         status.holder = Text::new("node-a (127.0.0.1:5433)");
         status.expires_at = 1_795_953_600_123;
         assert_eq!(
-            refusal_reason(&status, 7),
+            refusal_reason(&status, Some(7)),
             "worker id 7 is leased by another server, node-a (127.0.0.1:5433), until 2026-11-29 12:00:00.123 UTC"
         );
         status.state = State::RegistryUnreachable;
         status.unreachable_since = 1_795_953_600_000;
         status.last_error = Text::new("connection refused");
         assert_eq!(
-            refusal_reason(&status, 7),
+            refusal_reason(&status, Some(7)),
             "the lease registry has been unreachable since 2026-11-29 12:00:00.000 UTC, and the lease on worker id 7 has run out: connection refused"
         );
         status.state = State::Held;
-        assert_eq!(refusal_reason(&status, 7), "the lease on worker id 7 expired without being renewed");
+        assert_eq!(
+            refusal_reason(&status, Some(7)),
+            "the lease on worker id 7 expired without being renewed"
+        );
     }
 }

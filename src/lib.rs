@@ -34,7 +34,11 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec!["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17", "snowid.database = 'pgrx_tests'"]
+        vec![
+            "shared_preload_libraries = 'snowid'",
+            "snowid.worker_id = 17",
+            "snowid.database = 'pgrx_tests'",
+        ]
     }
 }
 

@@ -24,7 +24,9 @@ mod tests {
              END $$",
         )
         .unwrap();
-        Spi::get_one_with_args("SELECT pg_temp.error_of($1)", &[statement.into()]).unwrap().unwrap()
+        Spi::get_one_with_args("SELECT pg_temp.error_of($1)", &[statement.into()])
+            .unwrap()
+            .unwrap()
     }
 
     /// Waits up to 10 s for the lease worker to hold the lease, so that ids can be issued.
@@ -82,9 +84,7 @@ mod tests {
         .unwrap();
         assert_eq!(checks, (Some(100_000), Some(100_000), Some(0)));
         assert_eq!(one::<i64>("SELECT count(*) FROM snowid_next_batch(1)"), 1);
-        let after: bool = one(
-            "SELECT max(b) < snowid_next() FROM snowid_next_batch(5000) b",
-        );
+        let after: bool = one("SELECT max(b) < snowid_next() FROM snowid_next_batch(5000) b");
         assert!(after, "ids issued after a batch are above all of it");
         assert_eq!(
             one::<i64>("SELECT count(DISTINCT snowid_worker_id(b)) FROM snowid_next_batch(4096) b"),
@@ -106,7 +106,10 @@ mod tests {
             error_of("SELECT snowid_next_batch(4096001)"),
             "22023: snowid_next_batch count must be between 1 and 4096000, not 4096001"
         );
-        assert_eq!(one::<i64>("SELECT count(*) FROM snowid_next_batch(NULL)"), 0);
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM snowid_next_batch(NULL)"),
+            0
+        );
     }
 
     #[pg_test]
@@ -115,7 +118,10 @@ mod tests {
             "SELECT created_at AT TIME ZONE 'UTC' || '', worker_id, sequence FROM snowid_decode(120493965312069635)",
         )
         .unwrap();
-        assert_eq!(decoded, (Some("2026-11-29 12:00:00".into()), Some(17), Some(3)));
+        assert_eq!(
+            decoded,
+            (Some("2026-11-29 12:00:00".into()), Some(17), Some(3))
+        );
         assert_eq!(
             one::<String>("SELECT snowid_timestamp(0) AT TIME ZONE 'UTC' || ''"),
             "2026-01-01 00:00:00"
@@ -124,15 +130,29 @@ mod tests {
             one::<String>("SELECT snowid_timestamp(9223372036854775807) AT TIME ZONE 'UTC' || ''"),
             "2095-09-07 15:47:35.551"
         );
-        assert_eq!(one::<i32>("SELECT snowid_worker_id(9223372036854775807)"), 1023);
-        assert_eq!(one::<i32>("SELECT snowid_sequence(9223372036854775807)"), 4095);
-        assert_eq!(one::<i32>("SELECT snowid_worker_id(120493965312069635)"), 17);
+        assert_eq!(
+            one::<i32>("SELECT snowid_worker_id(9223372036854775807)"),
+            1023
+        );
+        assert_eq!(
+            one::<i32>("SELECT snowid_sequence(9223372036854775807)"),
+            4095
+        );
+        assert_eq!(
+            one::<i32>("SELECT snowid_worker_id(120493965312069635)"),
+            17
+        );
         assert_eq!(one::<i32>("SELECT snowid_sequence(120493965312069635)"), 3);
     }
 
     #[pg_test]
     fn decode_family_is_null_in_null_out() {
-        for function in ["snowid_timestamp", "snowid_worker_id", "snowid_sequence", "snowid_from_timestamp"] {
+        for function in [
+            "snowid_timestamp",
+            "snowid_worker_id",
+            "snowid_sequence",
+            "snowid_from_timestamp",
+        ] {
             let null: bool = one(&format!("SELECT {function}(NULL) IS NULL"));
             assert!(null, "{function}(NULL)");
         }
@@ -142,7 +162,12 @@ mod tests {
 
     #[pg_test]
     fn decode_family_rejects_negative_ids() {
-        for function in ["snowid_timestamp", "snowid_worker_id", "snowid_sequence", "snowid_decode"] {
+        for function in [
+            "snowid_timestamp",
+            "snowid_worker_id",
+            "snowid_sequence",
+            "snowid_decode",
+        ] {
             assert_eq!(
                 error_of(&format!("SELECT {function}(-1)")),
                 "22023: -1 is not a snowid id: ids are never negative"
@@ -191,7 +216,10 @@ mod tests {
     #[pg_test]
     fn from_timestamp_gives_the_first_id_of_the_millisecond() {
         wait_for_lease();
-        assert_eq!(one::<i64>("SELECT snowid_from_timestamp('2026-01-01 00:00:00+00')"), 0);
+        assert_eq!(
+            one::<i64>("SELECT snowid_from_timestamp('2026-01-01 00:00:00+00')"),
+            0
+        );
         assert_eq!(
             one::<i64>("SELECT snowid_from_timestamp('2026-11-29 12:00:00.0005+00')"),
             120_493_965_312_000_000
@@ -200,11 +228,9 @@ mod tests {
             one::<i64>("SELECT snowid_from_timestamp('2095-09-07 15:47:35.551999+00')"),
             9_223_372_036_850_581_504
         );
-        let covers: bool = one(
-            "SELECT snowid_from_timestamp(snowid_timestamp(id)) <= id
+        let covers: bool = one("SELECT snowid_from_timestamp(snowid_timestamp(id)) <= id
                 AND id < snowid_from_timestamp(snowid_timestamp(id) + interval '1 millisecond')
-               FROM (SELECT snowid_next() AS id) s",
-        );
+               FROM (SELECT snowid_next() AS id) s");
         assert!(covers);
     }
 
@@ -233,7 +259,9 @@ mod tests {
                     &[],
                 )
                 .unwrap();
-            rows.map(|row| row.get::<String>(1).unwrap().unwrap()).collect::<Vec<_>>().join(" ")
+            rows.map(|row| row.get::<String>(1).unwrap().unwrap())
+                .collect::<Vec<_>>()
+                .join(" ")
         });
         assert!(plan.contains("made_pkey"), "{plan}");
     }
@@ -248,10 +276,17 @@ mod tests {
             error_of("SELECT snowid_from_timestamp('2095-09-07 15:47:35.552+00')"),
             "22008: timestamp is after 2095-09-07 15:47:35.551 UTC, the last that snowid ids hold"
         );
-        let infinite = "22008: snowid ids do not reach an infinite timestamp HINT: Use a finite timestamp \
+        let infinite =
+            "22008: snowid ids do not reach an infinite timestamp HINT: Use a finite timestamp \
                         from 2026-01-01 00:00:00 UTC to 2095-09-07 15:47:35.551 UTC.";
-        assert_eq!(error_of("SELECT snowid_from_timestamp('infinity')"), infinite);
-        assert_eq!(error_of("SELECT snowid_from_timestamp('-infinity')"), infinite);
+        assert_eq!(
+            error_of("SELECT snowid_from_timestamp('infinity')"),
+            infinite
+        );
+        assert_eq!(
+            error_of("SELECT snowid_from_timestamp('-infinity')"),
+            infinite
+        );
     }
 
     #[pg_test]
@@ -262,7 +297,10 @@ mod tests {
         let status: (Option<i32>, Option<i64>, Option<i64>) =
             Spi::get_three("SELECT worker_id, last_id, ids_issued FROM snowid_status()").unwrap();
         assert_eq!(status.0, Some(17));
-        assert!(status.1.unwrap() >= id, "last_id is the newest id of any backend");
+        assert!(
+            status.1.unwrap() >= id,
+            "last_id is the newest id of any backend"
+        );
         assert!(status.2.unwrap() > before);
         assert_eq!(one::<i64>("SELECT count(*) FROM snowid_status()"), 1);
         let counters: bool = one(
@@ -301,8 +339,16 @@ mod tests {
     fn status_shows_the_lease_held_on_this_server() {
         wait_for_lease();
         let row: (Option<String>, Option<String>, Option<String>) =
-            Spi::get_three("SELECT lease_state, registry, last_error FROM snowid_status()").unwrap();
-        assert_eq!(row, (Some("held".into()), Some("database \"pgrx_tests\" on this server".into()), None));
+            Spi::get_three("SELECT lease_state, registry, last_error FROM snowid_status()")
+                .unwrap();
+        assert_eq!(
+            row,
+            (
+                Some("held".into()),
+                Some("database \"pgrx_tests\" on this server".into()),
+                None
+            )
+        );
         let times: bool = one(
             "SELECT lease_expires_at BETWEEN now() AND clock_timestamp() + interval '30 s'
                 AND high_water_mark > clock_timestamp() AND high_water_mark <= clock_timestamp() + interval '30 s'
@@ -322,14 +368,21 @@ mod tests {
     fn ordinary_roles_read_the_lease_table_but_cannot_write_it() {
         assert_eq!(error_of("SELECT 1"), "no error");
         Spi::run("CREATE ROLE snowid_reader; SET LOCAL ROLE snowid_reader").unwrap();
-        assert_eq!(one::<i64>("SELECT count(*) FROM snowid.worker_lease WHERE worker_id = 17"), 1);
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM snowid.worker_lease WHERE worker_id = 17"),
+            1
+        );
         for statement in [
             "INSERT INTO snowid.worker_lease (worker_id) VALUES (5)",
             "UPDATE snowid.worker_lease SET high_water_ms = 0",
             "DELETE FROM snowid.worker_lease",
             "TRUNCATE snowid.worker_lease",
         ] {
-            assert_eq!(error_of(statement), "42501: permission denied for table worker_lease", "{statement}");
+            assert_eq!(
+                error_of(statement),
+                "42501: permission denied for table worker_lease",
+                "{statement}"
+            );
         }
         assert_eq!(
             error_of("SELECT snowid.lease_claim(5, 'me', 'now', 'me:1', 30000, 0)"),

@@ -50,7 +50,12 @@ pub fn preloading() -> bool {
 /// Asks the server for the shared state; only while [`preloading`].
 pub fn init() {
     pg_shmem_init!(ISSUING);
-    pg_shmem_init!(LOCK = Status { incarnation: random_u64(), ..Status::default() });
+    pg_shmem_init!(
+        LOCK = Status {
+            incarnation: random_u64(),
+            ..Status::default()
+        }
+    );
     PRELOADED.store(true, Ordering::Relaxed);
 }
 
@@ -101,7 +106,9 @@ pub fn server_identity() -> ServerIdentity {
             String::new()
         } else {
             // SAFETY: the server keeps these settings as NUL-terminated strings for its lifetime.
-            unsafe { CStr::from_ptr(pointer) }.to_string_lossy().into_owned()
+            unsafe { CStr::from_ptr(pointer) }
+                .to_string_lossy()
+                .into_owned()
         }
     };
     // SAFETY: plain reads of values the server sets at start-up and does not change afterwards;

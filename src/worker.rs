@@ -1,18 +1,21 @@
-//! The lease worker: a background worker that acquires this server's lease on `snowid.worker_id`,
-//! renews it, and releases it on a clean shutdown. It opens the generator's gate while the lease
+//! The lease worker: a background worker that acquires this server's lease on `snowid.worker_id`
+//! (or on any free worker id, with `snowid.any_worker_id`), renews it, and releases it on a clean
+//! shutdown. It opens the generator's gate while the lease
 //! holds (see `lease` for the rules) and records what the registry said for refusals and
 //! `snowid_status()`.
 
 use crate::generator::{Clock, Grant, SystemClock};
 use crate::lease::{self, Claim, State, Text, Timing};
 use crate::{gucs, layout, shmem};
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
 use pgrx::prelude::*;
 use std::time::Duration;
 
 /// Registers the worker with the postmaster, when there is a worker id to lease.
 pub fn register() {
-    if gucs::worker_id().is_none() {
+    if gucs::worker_id().is_none() && !gucs::any_worker_id() {
         return;
     }
     BackgroundWorkerBuilder::new("snowid lease worker")
@@ -27,7 +30,6 @@ pub fn register() {
 
 /// Who claims the lease.
 struct Claimant {
-    worker_id: u16,
     /// The same for every run of this server, different for any other server or copy of it.
     holder: String,
     /// Different for every run of this server (every setup of its shared memory).
@@ -37,14 +39,24 @@ struct Claimant {
 }
 
 impl Claimant {
-    fn of_this_server(worker_id: u16) -> Claimant {
+    fn of_this_server() -> Claimant {
         let server = shmem::server_identity();
-        let host = rustix::system::uname().nodename().to_string_lossy().into_owned();
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
         let place = format!("{host}\0{}\0{}", server.port, server.data_directory);
-        let name = if server.cluster_name.is_empty() { host } else { server.cluster_name };
+        let name = if server.cluster_name.is_empty() {
+            host
+        } else {
+            server.cluster_name
+        };
         Claimant {
-            worker_id,
-            holder: format!("{}-{:016x}", server.system_identifier, lease::fnv1a(place.as_bytes())),
+            holder: format!(
+                "{}-{:016x}",
+                server.system_identifier,
+                lease::fnv1a(place.as_bytes())
+            ),
             incarnation: format!("{:016x}", shmem::lease_status().incarnation),
             name: format!("{name}:{}", server.port),
         }
@@ -56,22 +68,38 @@ impl Claimant {
 pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let state = shmem::issuing_state().expect("the worker is registered only when preloaded");
-    let worker_id = gucs::worker_id().expect("the worker is registered only with a worker id");
+    let configured = gucs::worker_id();
     let timing = gucs::lease_timing();
-    let me = Claimant::of_this_server(worker_id);
+    let me = Claimant::of_this_server();
     let mut registry = Registry::open();
-    shmem::update_lease_status(|status| status.worker_id = Some(worker_id));
+    shmem::update_lease_status(|status| status.worker_id = configured);
+    // The worker id to claim: the configured one, or the one last granted; `None` picks any.
+    let mut claiming = configured;
     let mut held = false;
     loop {
         let sent_ns = SystemClock.monotonic_ns();
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
         let reserve_until_ms = now_ms + timing.ttl.as_millis() as u64;
-        let pause = match registry.claim(&me, timing, reserve_until_ms) {
-            Ok(Claim::Granted { floor_ms, reserved_until_ms, expires_at }) => {
+        let pause = match registry.claim(&me, claiming, timing, reserve_until_ms) {
+            Ok((
+                Some(worker_id),
+                Claim::Granted {
+                    floor_ms,
+                    reserved_until_ms,
+                    expires_at,
+                },
+            )) => {
                 let deadline_ns = sent_ns + timing.issuing_window().as_nanos() as u64;
-                state.open_gate(&Grant { worker_id, floor_ms, reserved_until_ms, deadline_ns });
+                state.open_gate(&Grant {
+                    worker_id,
+                    floor_ms,
+                    reserved_until_ms,
+                    deadline_ns,
+                });
                 held = true;
+                claiming = Some(worker_id);
                 shmem::update_lease_status(|status| {
+                    status.worker_id = Some(worker_id);
                     status.state = State::Held;
                     status.holder = Text::new(&me.name);
                     status.expires_at = expires_at;
@@ -81,16 +109,21 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
                 });
                 timing.renew_every()
             }
-            Ok(Claim::HeldByOther { holder, expires_at }) => {
+            Ok((_, Claim::HeldByOther { holder, expires_at })) => {
                 state.close_gate(&SystemClock);
                 held = false;
+                claiming = configured;
                 shmem::update_lease_status(|status| {
+                    status.worker_id = configured;
                     status.state = State::HeldByOther;
                     status.holder = Text::new(&holder);
                     status.expires_at = expires_at;
                     status.last_error = Text::default();
                 });
                 timing.retry_every()
+            }
+            Ok((None, Claim::Granted { .. })) => {
+                unreachable!("a granted lease names its worker id")
             }
             Err(error) => {
                 shmem::update_lease_status(|status| {
@@ -111,9 +144,11 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     }
     let high_water_ms = state.close_gate(&SystemClock);
     shmem::update_lease_status(|status| status.state = State::Released);
-    if held {
-        if let Err(error) = registry.release(&me, high_water_ms) {
-            log!("snowid lease worker could not release the lease on worker id {worker_id}: {error}");
+    if let (true, Some(worker_id)) = (held, claiming) {
+        if let Err(error) = registry.release(&me, worker_id, high_water_ms) {
+            log!(
+                "snowid lease worker could not release the lease on worker id {worker_id}: {error}"
+            );
         }
     }
 }
@@ -121,8 +156,13 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
 /// Where the lease table lives: in `snowid.database` on this server, reached through SPI, or on
 /// the server that `snowid.registry` names, reached as a client.
 enum Registry {
-    Local { database: String },
-    Remote { config: postgres::Config, client: Option<postgres::Client> },
+    Local {
+        database: String,
+    },
+    Remote {
+        config: postgres::Config,
+        client: Option<postgres::Client>,
+    },
 }
 
 /// Bounds on every network call to a remote registry, so that none can hang the worker.
@@ -146,77 +186,173 @@ impl Registry {
                     .connect_timeout(NETWORK_TIMEOUT)
                     .tcp_user_timeout(NETWORK_TIMEOUT)
                     .keepalives_idle(NETWORK_TIMEOUT)
-                    .options(&format!("-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}"))
+                    .options(&format!(
+                        "-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}"
+                    ))
                     .application_name("snowid lease worker");
-                Registry::Remote { config, client: None }
+                Registry::Remote {
+                    config,
+                    client: None,
+                }
             }
         }
     }
 
-    fn claim(&mut self, me: &Claimant, timing: Timing, reserve_until_ms: u64) -> Result<Claim, String> {
+    /// Claims `worker_id`'s lease, or any free worker id's; returns the worker id claimed (none when
+    /// every one is leased) and the registry's answer.
+    fn claim(
+        &mut self,
+        me: &Claimant,
+        worker_id: Option<u16>,
+        timing: Timing,
+        reserve_until_ms: u64,
+    ) -> Result<(Option<u16>, Claim), String> {
         let ttl_ms = timing.ttl.as_millis() as i64;
-        let worker_id = i32::from(me.worker_id);
         let reserve = reserve_until_ms as i64;
+        let Some(worker_id) = worker_id else {
+            return self.claim_any(me, ttl_ms, reserve);
+        };
+        self.claim_one(me, i32::from(worker_id), ttl_ms, reserve)
+            .map(|claim| (Some(worker_id), claim))
+    }
+
+    fn claim_one(
+        &mut self,
+        me: &Claimant,
+        worker_id: i32,
+        ttl_ms: i64,
+        reserve: i64,
+    ) -> Result<Claim, String> {
         match self {
             Registry::Local { database } => {
                 let database = database.as_str();
                 BackgroundWorker::transaction(|| {
-                Spi::run("SET LOCAL statement_timeout = '2s'; SET LOCAL lock_timeout = '2s'")
-                    .map_err(|error| error.to_string())?;
-                if !Spi::get_one::<bool>(lease::READY_SQL).ok().flatten().unwrap_or(false) {
-                    return Err(format!(
-                        "extension snowid 0.2.0 or later is not installed in database \"{database}\""
-                    ));
-                }
-                Spi::connect(|client| {
-                    let args = [
-                        worker_id.into(),
-                        me.holder.as_str().into(),
-                        me.incarnation.as_str().into(),
-                        me.name.as_str().into(),
-                        ttl_ms.into(),
-                        reserve.into(),
-                    ];
-                    let row = client.select(lease::CLAIM_SQL, Some(1), &args)?.first();
-                    Ok(lease::claim_from_row(
-                        row.get::<bool>(1)?,
-                        row.get::<i64>(2)?,
-                        row.get::<i64>(3)?,
-                        row.get::<String>(4)?,
-                        row.get::<i64>(5)?,
-                    ))
+                    local_ready(database)?;
+                    Spi::connect(|client| {
+                        let args = [
+                            worker_id.into(),
+                            me.holder.as_str().into(),
+                            me.incarnation.as_str().into(),
+                            me.name.as_str().into(),
+                            ttl_ms.into(),
+                            reserve.into(),
+                        ];
+                        let row = client.select(lease::CLAIM_SQL, Some(1), &args)?.first();
+                        Ok(lease::claim_from_row(
+                            row.get::<bool>(1)?,
+                            row.get::<i64>(2)?,
+                            row.get::<i64>(3)?,
+                            row.get::<String>(4)?,
+                            row.get::<i64>(5)?,
+                        ))
+                    })
+                    .map_err(|error: pgrx::spi::SpiError| error.to_string())
                 })
-                .map_err(|error: pgrx::spi::SpiError| error.to_string())
-            })
             }
             Registry::Remote { .. } => {
-                let row = self
-                    .remote(|client| {
-                        client.query_one(
-                            lease::CLAIM_SQL,
-                            &[&worker_id, &me.holder, &me.incarnation, &me.name, &ttl_ms, &reserve],
-                        )
-                    })?;
-                Ok(lease::claim_from_row(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+                let row = self.remote(|client| {
+                    client.query_one(
+                        lease::CLAIM_SQL,
+                        &[
+                            &worker_id,
+                            &me.holder,
+                            &me.incarnation,
+                            &me.name,
+                            &ttl_ms,
+                            &reserve,
+                        ],
+                    )
+                })?;
+                Ok(lease::claim_from_row(
+                    row.get(0),
+                    row.get(1),
+                    row.get(2),
+                    row.get(3),
+                    row.get(4),
+                ))
             }
         }
     }
 
-    fn release(&mut self, me: &Claimant, high_water_ms: u64) -> Result<(), String> {
-        let worker_id = i32::from(me.worker_id);
+    fn claim_any(
+        &mut self,
+        me: &Claimant,
+        ttl_ms: i64,
+        reserve: i64,
+    ) -> Result<(Option<u16>, Claim), String> {
+        let worker_id_of = |id: Option<i32>| id.and_then(|id| u16::try_from(id).ok());
+        match self {
+            Registry::Local { database } => {
+                let database = database.as_str();
+                BackgroundWorker::transaction(|| {
+                    local_ready(database)?;
+                    Spi::connect(|client| {
+                        let args = [
+                            me.holder.as_str().into(),
+                            me.incarnation.as_str().into(),
+                            me.name.as_str().into(),
+                            ttl_ms.into(),
+                            reserve.into(),
+                        ];
+                        let row = client.select(lease::CLAIM_ANY_SQL, Some(1), &args)?.first();
+                        Ok((
+                            worker_id_of(row.get::<i32>(1)?),
+                            lease::claim_from_row(
+                                row.get::<bool>(2)?,
+                                row.get::<i64>(3)?,
+                                row.get::<i64>(4)?,
+                                row.get::<String>(5)?,
+                                row.get::<i64>(6)?,
+                            ),
+                        ))
+                    })
+                    .map_err(|error: pgrx::spi::SpiError| error.to_string())
+                })
+            }
+            Registry::Remote { .. } => {
+                let row = self.remote(|client| {
+                    client.query_one(
+                        lease::CLAIM_ANY_SQL,
+                        &[&me.holder, &me.incarnation, &me.name, &ttl_ms, &reserve],
+                    )
+                })?;
+                Ok((
+                    worker_id_of(row.get(0)),
+                    lease::claim_from_row(
+                        row.get(1),
+                        row.get(2),
+                        row.get(3),
+                        row.get(4),
+                        row.get(5),
+                    ),
+                ))
+            }
+        }
+    }
+
+    fn release(&mut self, me: &Claimant, worker_id: u16, high_water_ms: u64) -> Result<(), String> {
+        let worker_id = i32::from(worker_id);
         let high_water = high_water_ms as i64;
         match self {
             Registry::Local { .. } => BackgroundWorker::transaction(|| {
                 Spi::get_one_with_args::<bool>(
                     lease::RELEASE_SQL,
-                    &[worker_id.into(), me.holder.as_str().into(), me.incarnation.as_str().into(), high_water.into()],
+                    &[
+                        worker_id.into(),
+                        me.holder.as_str().into(),
+                        me.incarnation.as_str().into(),
+                        high_water.into(),
+                    ],
                 )
                 .map(|_| ())
                 .map_err(|error| error.to_string())
             }),
             Registry::Remote { .. } => self
                 .remote(|client| {
-                    client.query_one(lease::RELEASE_SQL, &[&worker_id, &me.holder, &me.incarnation, &high_water])
+                    client.query_one(
+                        lease::RELEASE_SQL,
+                        &[&worker_id, &me.holder, &me.incarnation, &high_water],
+                    )
                 })
                 .map(|_| ()),
         }
@@ -228,9 +364,15 @@ impl Registry {
         &mut self,
         call: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error>,
     ) -> Result<T, String> {
-        let Registry::Remote { config, client } = self else { unreachable!("a remote registry") };
+        let Registry::Remote { config, client } = self else {
+            unreachable!("a remote registry")
+        };
         if client.is_none() {
-            *client = Some(config.connect(postgres::NoTls).map_err(|error| error.to_string())?);
+            *client = Some(
+                config
+                    .connect(postgres::NoTls)
+                    .map_err(|error| error.to_string())?,
+            );
         }
         let result = call(client.as_mut().expect("connected above"));
         if result.is_err() {
@@ -260,10 +402,31 @@ pub fn registry_description() -> String {
                     "database \"{}\" on {} port {}",
                     config.get_dbname().unwrap_or("postgres"),
                     hosts.join(","),
-                    if ports.is_empty() { "5432".into() } else { ports.join(",") }
+                    if ports.is_empty() {
+                        "5432".into()
+                    } else {
+                        ports.join(",")
+                    }
                 )
             }
             Err(_) => "an invalid snowid.registry".into(),
         },
+    }
+}
+
+/// Prepares a transaction in the local registry: bounded waits, and the lease functions present.
+fn local_ready(database: &str) -> Result<(), String> {
+    Spi::run("SET LOCAL statement_timeout = '2s'; SET LOCAL lock_timeout = '2s'")
+        .map_err(|error| error.to_string())?;
+    if Spi::get_one::<bool>(lease::READY_SQL)
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "extension snowid 0.2.0 or later is not installed in database \"{database}\""
+        ))
     }
 }

@@ -37,9 +37,25 @@ impl Cluster {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let bindir = PathBuf::from(pg_config("--bindir"));
-        let mut cluster = Cluster { port, dir, bindir, clock_offset_file: None };
+        let mut cluster = Cluster {
+            port,
+            dir,
+            bindir,
+            clock_offset_file: None,
+        };
         chown_to_postgres(&cluster.dir);
-        cluster.as_postgres(&["initdb", "-A", "trust", "-U", "postgres", "-D", &cluster.data()], &[]);
+        cluster.as_postgres(
+            &[
+                "initdb",
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-D",
+                &cluster.data(),
+            ],
+            &[],
+        );
         let mut conf = format!(
             "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              fsync = off\nlogging_collector = off\n",
@@ -49,7 +65,11 @@ impl Cluster {
             conf.push_str(setting);
             conf.push('\n');
         }
-        fs::write(Path::new(&cluster.data()).join("postgresql.auto.conf"), conf).unwrap();
+        fs::write(
+            Path::new(&cluster.data()).join("postgresql.auto.conf"),
+            conf,
+        )
+        .unwrap();
         if fake_clock {
             let file = cluster.dir.join("clock-offset");
             fs::write(&file, "+0\n").unwrap();
@@ -67,21 +87,47 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        let copy = Cluster { port, dir, bindir: self.bindir.clone(), clock_offset_file: None };
+        let copy = Cluster {
+            port,
+            dir,
+            bindir: self.bindir.clone(),
+            clock_offset_file: None,
+        };
         chown_to_postgres(&copy.dir);
         let port_text = self.port.to_string();
         copy.as_postgres(
-            &["pg_basebackup", "-h", "127.0.0.1", "-p", &port_text, "-U", "postgres", "-D", &copy.data(), "-X", "stream"],
+            &[
+                "pg_basebackup",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port_text,
+                "-U",
+                "postgres",
+                "-D",
+                &copy.data(),
+                "-X",
+                "stream",
+            ],
             &[],
         );
         let conf = Path::new(&copy.data()).join("postgresql.auto.conf");
         let settings = fs::read_to_string(&conf).unwrap();
         let settings: String = settings
             .lines()
-            .filter(|line| !line.starts_with("port =") && !line.starts_with("unix_socket_directories ="))
+            .filter(|line| {
+                !line.starts_with("port =") && !line.starts_with("unix_socket_directories =")
+            })
             .map(|line| format!("{line}\n"))
             .collect();
-        fs::write(&conf, format!("{settings}port = {port}\nunix_socket_directories = '{}'\n", copy.dir.display())).unwrap();
+        fs::write(
+            &conf,
+            format!(
+                "{settings}port = {port}\nunix_socket_directories = '{}'\n",
+                copy.dir.display()
+            ),
+        )
+        .unwrap();
         copy.pg_ctl("start");
         copy
     }
@@ -101,7 +147,10 @@ impl Cluster {
 
     pub fn connect_to(&self, database: &str) -> Client {
         Client::connect(
-            &format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port),
+            &format!(
+                "host=127.0.0.1 port={} user=postgres dbname={database}",
+                self.port
+            ),
             NoTls,
         )
         .unwrap_or_else(|error| panic!("connecting to {database} on port {}: {error}", self.port))
@@ -109,12 +158,19 @@ impl Cluster {
 
     /// Moves the server's wall clock: `offset` is libfaketime's, in seconds, such as "-10" or "-0.002".
     pub fn set_clock_offset(&self, offset: &str) {
-        let file = self.clock_offset_file.as_ref().expect("a cluster started with a fake clock");
+        let file = self
+            .clock_offset_file
+            .as_ref()
+            .expect("a cluster started with a fake clock");
         fs::write(file, format!("{offset}\n")).unwrap();
     }
 
     pub fn clock_offset_file(&self) -> String {
-        self.clock_offset_file.as_ref().expect("a cluster started with a fake clock").display().to_string()
+        self.clock_offset_file
+            .as_ref()
+            .expect("a cluster started with a fake clock")
+            .display()
+            .to_string()
     }
 
     /// What `psql` prints, errors included, running a file of SQL with its statements echoed.
@@ -139,7 +195,20 @@ impl Cluster {
     /// Stops the server: `fast` is a clean shutdown, `immediate` is as abrupt as a crash.
     pub fn stop(&self, mode: &str) {
         let log = self.dir.join("server.log").display().to_string();
-        self.as_postgres(&["pg_ctl", "-w", "-D", &self.data(), "-l", &log, "-m", mode, "stop"], &[]);
+        self.as_postgres(
+            &[
+                "pg_ctl",
+                "-w",
+                "-D",
+                &self.data(),
+                "-l",
+                &log,
+                "-m",
+                mode,
+                "stop",
+            ],
+            &[],
+        );
     }
 
     pub fn start_again(&self) {
@@ -150,7 +219,11 @@ impl Cluster {
     pub fn kill_postmaster(&self) {
         let pid_file = fs::read_to_string(Path::new(&self.data()).join("postmaster.pid")).unwrap();
         let pid = pid_file.lines().next().unwrap().trim().to_string();
-        assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+        assert!(Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .unwrap()
+            .success());
         // Orphaned backends notice the postmaster's death and exit on their own; the next start
         // waits for them through the shared memory check.
         std::thread::sleep(std::time::Duration::from_millis(500));
@@ -161,8 +234,10 @@ impl Cluster {
     pub fn wait_for_lease(&self, client: &mut Client) -> String {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
         loop {
-            let state: String =
-                client.query_one("SELECT lease_state FROM snowid_status()", &[]).unwrap().get(0);
+            let state: String = client
+                .query_one("SELECT lease_state FROM snowid_status()", &[])
+                .unwrap()
+                .get(0);
             if state == "held" || std::time::Instant::now() > deadline {
                 return state;
             }
@@ -182,7 +257,10 @@ impl Cluster {
             ];
         }
         let env: Vec<&str> = env.iter().map(String::as_str).collect();
-        self.as_postgres(&["pg_ctl", "-w", "-D", &self.data(), "-l", &log, action], &env);
+        self.as_postgres(
+            &["pg_ctl", "-w", "-D", &self.data(), "-l", &log, action],
+            &env,
+        );
     }
 
     /// Runs one of the server's programs as the `postgres` user, with extra environment variables.
@@ -190,7 +268,10 @@ impl Cluster {
         let program = self.bindir.join(program_and_args[0]).display().to_string();
         let mut command = if is_root() {
             let mut command = Command::new("runuser");
-            command.args(["-u", "postgres", "--", "env"]).args(env).arg(&program);
+            command
+                .args(["-u", "postgres", "--", "env"])
+                .args(env)
+                .arg(&program);
             command
         } else {
             let mut command = Command::new("env");
@@ -212,7 +293,11 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new(if is_root() { "runuser" } else { "env" })
-            .args(if is_root() { vec!["-u", "postgres", "--"] } else { vec![] })
+            .args(if is_root() {
+                vec!["-u", "postgres", "--"]
+            } else {
+                vec![]
+            })
             .arg(self.bindir.join("pg_ctl"))
             .args(["-D", &self.data(), "-m", "immediate", "stop"])
             .output();
@@ -221,31 +306,50 @@ impl Drop for Cluster {
 }
 
 fn pg_config(flag: &str) -> String {
-    let pg_config =
-        std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
-    let output = Command::new(&pg_config).arg(flag).output().expect("pg_config runs");
+    let pg_config = std::env::var("PG_CONFIG")
+        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+    let output = Command::new(&pg_config)
+        .arg(flag)
+        .output()
+        .expect("pg_config runs");
     String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn is_root() -> bool {
-    String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout).unwrap().trim() == "0"
+    String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        == "0"
 }
 
 fn chown_to_postgres(path: &Path) {
     if is_root() {
-        let status = Command::new("chown").arg("postgres:postgres").arg(path).status().unwrap();
+        let status = Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(path)
+            .status()
+            .unwrap();
         assert!(status.success());
     }
 }
 
 /// The SQLSTATE, message and hint of a failed statement, as `"55000: message HINT: hint"`.
 pub fn error_text(error: &postgres::Error) -> String {
-    let db = error.as_db_error().unwrap_or_else(|| panic!("not a server error: {error}"));
-    let hint = db.hint().map(|hint| format!(" HINT: {hint}")).unwrap_or_default();
+    let db = error
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a server error: {error}"));
+    let hint = db
+        .hint()
+        .map(|hint| format!(" HINT: {hint}"))
+        .unwrap_or_default();
     format!("{}: {}{hint}", db.code().code(), db.message())
 }
 

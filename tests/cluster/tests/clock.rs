@@ -15,7 +15,10 @@ END $$";
 
 fn counters(client: &mut postgres::Client) -> (i64, i64) {
     let row = client
-        .query_one("SELECT clock_backward_waits, clock_backward_refusals FROM snowid_status()", &[])
+        .query_one(
+            "SELECT clock_backward_waits, clock_backward_refusals FROM snowid_status()",
+            &[],
+        )
         .unwrap();
     (row.get(0), row.get(1))
 }
@@ -24,7 +27,10 @@ fn counters(client: &mut postgres::Client) -> (i64, i64) {
 fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_returns() {
     let cluster = Cluster::start_with_fake_clock(
         "clock",
-        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17"],
+        &[
+            "shared_preload_libraries = 'snowid'",
+            "snowid.worker_id = 17",
+        ],
     );
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
@@ -33,14 +39,22 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
     let offset_file = cluster.clock_offset_file();
 
     // 2 ms back, within snowid.max_clock_backward (5 ms): waited out.
-    let row = client.query_one("SELECT * FROM step_then_next($1, '-0.002')", &[&offset_file]).unwrap();
+    let row = client
+        .query_one(
+            "SELECT * FROM step_then_next($1, '-0.002')",
+            &[&offset_file],
+        )
+        .unwrap();
     let (before, after): (i64, i64) = (row.get(0), row.get(1));
     assert!(after > before);
     assert_eq!(counters(&mut client), (1, 0));
 
     // 10 s back: refused, counted and logged, and refused again while the clock stays behind.
     let error = client
-        .query_one("SELECT * FROM step_then_next($1, '-10.002')", &[&offset_file])
+        .query_one(
+            "SELECT * FROM step_then_next($1, '-10.002')",
+            &[&offset_file],
+        )
         .unwrap_err();
     let text = error_text(&error);
     let behind: u64 = text
@@ -53,8 +67,13 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
     let again = client.query_one("SELECT snowid_next()", &[]).unwrap_err();
     assert!(error_text(&again).starts_with("55000: snowid refuses to issue ids"));
     assert_eq!(counters(&mut client), (1, 2));
-    assert!(cluster.log().contains("WARNING:  snowid refuses to issue ids: the system clock is "));
-    let last_id: i64 = client.query_one("SELECT last_id FROM snowid_status()", &[]).unwrap().get(0);
+    assert!(cluster
+        .log()
+        .contains("WARNING:  snowid refuses to issue ids: the system clock is "));
+    let last_id: i64 = client
+        .query_one("SELECT last_id FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
 
     // The clock returns: issuing resumes by itself, above every id issued before the step.
     cluster.set_clock_offset("+0");
@@ -62,14 +81,20 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
         .query_one("SELECT id, snowid_timestamp(id) <= clock_timestamp() FROM (SELECT snowid_next() AS id) s", &[])
         .unwrap();
     assert!(row.get::<_, i64>(0) > last_id);
-    assert!(row.get::<_, bool>(1), "the id's time is not ahead of the clock");
+    assert!(
+        row.get::<_, bool>(1),
+        "the id's time is not ahead of the clock"
+    );
 }
 
 #[test]
 fn max_clock_backward_takes_effect_on_reload() {
     let cluster = Cluster::start_with_fake_clock(
         "clock-reload",
-        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17"],
+        &[
+            "shared_preload_libraries = 'snowid'",
+            "snowid.worker_id = 17",
+        ],
     );
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
@@ -82,8 +107,13 @@ fn max_clock_backward_takes_effect_on_reload() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut client = cluster.connect();
     let error = client
-        .query_one("SELECT * FROM step_then_next($1, '-0.050')", &[&cluster.clock_offset_file()])
+        .query_one(
+            "SELECT * FROM step_then_next($1, '-0.050')",
+            &[&cluster.clock_offset_file()],
+        )
         .unwrap_err();
-    assert!(error_text(&error).starts_with("55000: snowid refuses to issue ids: the system clock is "));
+    assert!(
+        error_text(&error).starts_with("55000: snowid refuses to issue ids: the system clock is ")
+    );
     assert_eq!(counters(&mut client), (0, 1));
 }

@@ -10,7 +10,10 @@ const IDS_PER_ROUND: i32 = 50_000;
 fn four_sessions_commit_a_million_ids_without_a_duplicate() {
     let cluster = Cluster::start(
         "concurrency",
-        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17"],
+        &[
+            "shared_preload_libraries = 'snowid'",
+            "snowid.worker_id = 17",
+        ],
     );
     let mut setup = cluster.connect();
     setup
@@ -36,8 +39,9 @@ fn four_sessions_commit_a_million_ids_without_a_duplicate() {
                 };
                 for round in 0..ROUNDS {
                     let offset = round * IDS_PER_ROUND;
-                    let inserted =
-                        client.execute(insert, &[&session, &offset, &IDS_PER_ROUND]).unwrap();
+                    let inserted = client
+                        .execute(insert, &[&session, &offset, &IDS_PER_ROUND])
+                        .unwrap();
                     assert_eq!(inserted, IDS_PER_ROUND as u64);
                 }
             });
@@ -45,10 +49,20 @@ fn four_sessions_commit_a_million_ids_without_a_duplicate() {
     });
     let mut client = cluster.connect();
     let totals = client
-        .query_one("SELECT count(*), count(DISTINCT id), count(DISTINCT snowid_worker_id(id)) FROM issued", &[])
+        .query_one(
+            "SELECT count(*), count(DISTINCT id), count(DISTINCT snowid_worker_id(id)) FROM issued",
+            &[],
+        )
         .unwrap();
     let expected = i64::from(SESSIONS * ROUNDS * IDS_PER_ROUND);
-    assert_eq!((totals.get::<_, i64>(0), totals.get::<_, i64>(1), totals.get::<_, i64>(2)), (expected, expected, 1));
+    assert_eq!(
+        (
+            totals.get::<_, i64>(0),
+            totals.get::<_, i64>(1),
+            totals.get::<_, i64>(2)
+        ),
+        (expected, expected, 1)
+    );
     let out_of_order: i64 = client
         .query_one(
             "SELECT count(*) FROM (

@@ -19,13 +19,23 @@ struct Node {
 
 impl Node {
     fn start(name: &str, worker_id: u16, registry: &Cluster) -> Node {
-        Node::start_with(name, worker_id, registry, false)
+        Node::start_with(name, Some(worker_id), registry, false)
     }
 
-    fn start_with(name: &str, worker_id: u16, registry: &Cluster, fake_clock: bool) -> Node {
+    /// `worker_id` `None` leases any free worker id.
+    fn start_with(
+        name: &str,
+        worker_id: Option<u16>,
+        registry: &Cluster,
+        fake_clock: bool,
+    ) -> Node {
+        let worker_setting = match worker_id {
+            Some(worker_id) => format!("snowid.worker_id = {worker_id}"),
+            None => "snowid.any_worker_id = on".to_string(),
+        };
         let settings = [
             "shared_preload_libraries = 'snowid'".to_string(),
-            format!("snowid.worker_id = {worker_id}"),
+            worker_setting,
             format!(
                 "snowid.registry = 'host=127.0.0.1 port={} dbname=postgres user=postgres password={SECRET}'",
                 registry.port
@@ -49,7 +59,10 @@ impl Node {
                  CREATE PUBLICATION fleet FOR TABLE orders, serial_orders;",
             )
             .unwrap();
-        Node { name: name.to_string(), cluster }
+        Node {
+            name: name.to_string(),
+            cluster,
+        }
     }
 
     fn holder_name(&self) -> String {
@@ -67,11 +80,20 @@ impl Collected {
     }
 
     fn max_of(&self, node: &str) -> i64 {
-        self.0.iter().filter(|(name, _)| name == node).map(|&(_, id)| id).max().unwrap()
+        self.0
+            .iter()
+            .filter(|(name, _)| name == node)
+            .map(|&(_, id)| id)
+            .max()
+            .unwrap()
     }
 }
 
-fn insert_orders(client: &mut postgres::Client, node: &str, rows: i32) -> Result<Vec<i64>, postgres::Error> {
+fn insert_orders(
+    client: &mut postgres::Client,
+    node: &str,
+    rows: i32,
+) -> Result<Vec<i64>, postgres::Error> {
     let rows = client.query(
         "INSERT INTO orders (node, n) SELECT $1, n FROM generate_series(1, $2::int) n RETURNING id",
         &[&node, &rows],
@@ -86,7 +108,10 @@ fn wait_until_issuing(client: &mut postgres::Client, limit: Duration) -> (Durati
         match client.query_one("SELECT snowid_next()", &[]) {
             Ok(row) => return (started.elapsed(), row.get(0)),
             Err(error) if started.elapsed() < limit => {
-                assert!(error_text(&error).starts_with("55000: snowid refuses to issue ids"), "{error}");
+                assert!(
+                    error_text(&error).starts_with("55000: snowid refuses to issue ids"),
+                    "{error}"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(error) => panic!("still refused after {limit:?}: {}", error_text(&error)),
@@ -98,10 +123,20 @@ fn wait_until_issuing(client: &mut postgres::Client, limit: Duration) -> (Durati
 fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     let mut collected = Collected::default();
     let registry = Cluster::start("registry", &[]);
-    registry.connect().batch_execute("CREATE EXTENSION snowid").unwrap();
-    let nodes: Vec<Node> = (1..=3).map(|worker| Node::start(&format!("node{worker}"), worker, &registry)).collect();
+    registry
+        .connect()
+        .batch_execute("CREATE EXTENSION snowid")
+        .unwrap();
+    let nodes: Vec<Node> = (1..=3)
+        .map(|worker| Node::start(&format!("node{worker}"), worker, &registry))
+        .collect();
     for node in &nodes {
-        assert_eq!(node.cluster.wait_for_lease(&mut node.cluster.connect()), "held", "{}", node.name);
+        assert_eq!(
+            node.cluster.wait_for_lease(&mut node.cluster.connect()),
+            "held",
+            "{}",
+            node.name
+        );
     }
 
     // 1. Fleet: three servers insert at once; logical replication merges their rows into a fourth.
@@ -127,17 +162,26 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             .map(|node| {
                 scope.spawn(move || {
                     let mut client = node.cluster.connect();
-                    (0..5).flat_map(|_| insert_orders(&mut client, &node.name, 2_000).unwrap()).collect()
+                    (0..5)
+                        .flat_map(|_| insert_orders(&mut client, &node.name, 2_000).unwrap())
+                        .collect()
                 })
             })
             .collect();
-        inserting.into_iter().map(|thread| thread.join().unwrap()).collect()
+        inserting
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect()
     });
     for (node, ids) in nodes.iter().zip(&per_node) {
         collected.add(&node.name, ids);
     }
     wait_for("all 30,000 rows merged", Duration::from_secs(60), || {
-        merged.query_one("SELECT count(*) FROM orders", &[]).unwrap().get::<_, i64>(0) == 30_000
+        merged
+            .query_one("SELECT count(*) FROM orders", &[])
+            .unwrap()
+            .get::<_, i64>(0)
+            == 30_000
     });
     let workers: Vec<(String, i32, i64)> = merged
         .query("SELECT node, min((id >> 12) & 1023)::int, count(*) FROM orders GROUP BY node ORDER BY node", &[])
@@ -147,9 +191,16 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         .collect();
     assert_eq!(
         workers,
-        [("node1".into(), 1, 10_000), ("node2".into(), 2, 10_000), ("node3".into(), 3, 10_000)]
+        [
+            ("node1".into(), 1, 10_000),
+            ("node2".into(), 2, 10_000),
+            ("node3".into(), 3, 10_000)
+        ]
     );
-    assert!(!aggregator.log().contains("duplicate key"), "snowid rows merge without a conflict");
+    assert!(
+        !aggregator.log().contains("duplicate key"),
+        "snowid rows merge without a conflict"
+    );
     // The same with bigserial: every server counts from 1, and the merge stops on a conflict.
     for node in &nodes {
         node.cluster
@@ -161,22 +212,74 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             .unwrap();
     }
     wait_for("the bigserial conflict", Duration::from_secs(30), || {
-        aggregator.log().contains("duplicate key value violates unique constraint \"serial_orders_pkey\"")
+        aggregator
+            .log()
+            .contains("duplicate key value violates unique constraint \"serial_orders_pkey\"")
     });
-    let serial_rows: i64 = merged.query_one("SELECT count(*) FROM serial_orders", &[]).unwrap().get(0);
-    assert!(serial_rows < 300, "bigserial rows from three servers cannot all merge ({serial_rows})");
+    let serial_rows: i64 = merged
+        .query_one("SELECT count(*) FROM serial_orders", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        serial_rows < 300,
+        "bigserial rows from three servers cannot all merge ({serial_rows})"
+    );
     for subscription in ["node1", "node2", "node3"] {
-        merged.batch_execute(&format!("ALTER SUBSCRIPTION {subscription} DISABLE")).unwrap();
+        merged
+            .batch_execute(&format!("ALTER SUBSCRIPTION {subscription} DISABLE"))
+            .unwrap();
     }
+
+    // Two servers that name no worker id lease the lowest ones free: 0, never used, and 4.
+    let spares: Vec<Node> = ["spare1", "spare2"]
+        .iter()
+        .map(|name| Node::start_with(name, None, &registry, false))
+        .collect();
+    let mut spare_workers = vec![];
+    for spare in &spares {
+        let mut client = spare.cluster.connect();
+        assert_eq!(
+            spare.cluster.wait_for_lease(&mut client),
+            "held",
+            "{}",
+            spare.name
+        );
+        let ids = insert_orders(&mut client, &spare.name, 1_000).unwrap();
+        let worker: i32 = client
+            .query_one("SELECT snowid_worker_id($1)", &[&ids[0]])
+            .unwrap()
+            .get(0);
+        let status: i32 = client
+            .query_one("SELECT worker_id FROM snowid_status()", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(status, worker);
+        spare_workers.push(worker);
+        collected.add(&spare.name, &ids);
+    }
+    spare_workers.sort();
+    assert_eq!(spare_workers, [0, 4]);
+    drop(spares);
 
     // 2. A second server configured with worker id 1, which node1 holds, refuses and names node1.
     let twin = Node::start("twin", 1, &registry);
     let mut twin_client = twin.cluster.connect();
-    wait_for("the twin to see the lease held", Duration::from_secs(10), || {
-        twin_client.query_one("SELECT lease_state FROM snowid_status()", &[]).unwrap().get::<_, String>(0)
-            == "held by another server"
-    });
-    let refusal = error_text(&twin_client.query_one("SELECT snowid_next()", &[]).unwrap_err());
+    wait_for(
+        "the twin to see the lease held",
+        Duration::from_secs(10),
+        || {
+            twin_client
+                .query_one("SELECT lease_state FROM snowid_status()", &[])
+                .unwrap()
+                .get::<_, String>(0)
+                == "held by another server"
+        },
+    );
+    let refusal = error_text(
+        &twin_client
+            .query_one("SELECT snowid_next()", &[])
+            .unwrap_err(),
+    );
     let expected = format!(
         "55000: snowid refuses to issue ids: worker id 1 is leased by another server, {}, until ",
         nodes[0].holder_name()
@@ -185,8 +288,12 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     // node1 goes away without releasing its lease: the twin takes over once it expires, above
     // every id node1 issued.
     nodes[0].cluster.stop("immediate");
-    let (waited, first) = wait_until_issuing(&mut twin_client, Duration::from_secs(LEASE_TTL_S * 3));
-    assert!(waited <= Duration::from_secs(LEASE_TTL_S + 2), "took over after {waited:?}");
+    let (waited, first) =
+        wait_until_issuing(&mut twin_client, Duration::from_secs(LEASE_TTL_S * 3));
+    assert!(
+        waited <= Duration::from_secs(LEASE_TTL_S + 2),
+        "took over after {waited:?}"
+    );
     assert!(first > collected.max_of("node1"));
     let twin_ids = insert_orders(&mut twin_client, "twin", 1_000).unwrap();
     collected.add("twin", &[first]);
@@ -197,11 +304,22 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     // holder: it cannot take node2's lease.
     let copy = nodes[1].cluster.physical_copy("node2-copy");
     let mut copy_client = copy.connect();
-    wait_for("the copy to see the lease held", Duration::from_secs(10), || {
-        copy_client.query_one("SELECT lease_state FROM snowid_status()", &[]).unwrap().get::<_, String>(0)
-            == "held by another server"
-    });
-    let refusal = error_text(&copy_client.query_one("SELECT snowid_next()", &[]).unwrap_err());
+    wait_for(
+        "the copy to see the lease held",
+        Duration::from_secs(10),
+        || {
+            copy_client
+                .query_one("SELECT lease_state FROM snowid_status()", &[])
+                .unwrap()
+                .get::<_, String>(0)
+                == "held by another server"
+        },
+    );
+    let refusal = error_text(
+        &copy_client
+            .query_one("SELECT snowid_next()", &[])
+            .unwrap_err(),
+    );
     let expected = format!(
         "55000: snowid refuses to issue ids: worker id 2 is leased by another server, {}, until ",
         nodes[1].holder_name()
@@ -232,10 +350,19 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     let mut client = node2.cluster.connect();
     let (_, first) = wait_until_issuing(&mut client, Duration::from_secs(LEASE_TTL_S * 3));
     let stall = restarted.elapsed();
-    assert!(first > highest_before, "after the crash node2 issues above every id it issued before");
-    assert!(stall <= Duration::from_secs(LEASE_TTL_S + 2), "stalled {stall:?} after the crash");
+    assert!(
+        first > highest_before,
+        "after the crash node2 issues above every id it issued before"
+    );
+    assert!(
+        stall <= Duration::from_secs(LEASE_TTL_S + 2),
+        "stalled {stall:?} after the crash"
+    );
     collected.add("node2", &[first]);
-    collected.add("node2", &insert_orders(&mut client, "node2", 1_000).unwrap());
+    collected.add(
+        "node2",
+        &insert_orders(&mut client, "node2", 1_000).unwrap(),
+    );
     println!("node2 issued again {stall:?} after its restart from a crash");
     // A clean restart releases the lease and stalls not at all beyond the restart itself.
     node2.cluster.stop("fast");
@@ -245,7 +372,10 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     let (_, first) = wait_until_issuing(&mut client, Duration::from_secs(LEASE_TTL_S * 3));
     let clean_stall = restarted.elapsed();
     assert!(first > collected.max_of("node2"));
-    assert!(clean_stall < Duration::from_millis(2_500), "a clean restart stalled {clean_stall:?}");
+    assert!(
+        clean_stall < Duration::from_millis(2_500),
+        "a clean restart stalled {clean_stall:?}"
+    );
     collected.add("node2", &[first]);
     println!("node2 issued again {clean_stall:?} after a clean restart");
 
@@ -261,13 +391,18 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             Ok(row) => during_outage.push(row.get::<_, i64>(0)),
             Err(error) => break error_text(&error),
         }
-        assert!(outage.elapsed() < Duration::from_secs(LEASE_TTL_S + 1), "still issuing");
+        assert!(
+            outage.elapsed() < Duration::from_secs(LEASE_TTL_S + 1),
+            "still issuing"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     let issued_for = outage.elapsed();
     assert!(!during_outage.is_empty());
     assert!(
-        refusal.starts_with("55000: snowid refuses to issue ids: the lease registry has been unreachable since "),
+        refusal.starts_with(
+            "55000: snowid refuses to issue ids: the lease registry has been unreachable since "
+        ),
         "{refusal}"
     );
     collected.add("node3", &during_outage);
@@ -279,12 +414,20 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     // 5. node3 stops cleanly; a server whose clock is a minute behind takes worker id 3 and refuses
     // until its clock passes the ids node3 issued.
     node3.cluster.stop("fast");
-    let laggard = Node::start_with("laggard", 3, &registry, true);
+    let laggard = Node::start_with("laggard", Some(3), &registry, true);
     laggard.cluster.set_clock_offset("-60");
     let mut client = laggard.cluster.connect();
-    wait_for("the laggard to acquire worker id 3", Duration::from_secs(10), || {
-        client.query_one("SELECT lease_state FROM snowid_status()", &[]).unwrap().get::<_, String>(0) == "held"
-    });
+    wait_for(
+        "the laggard to acquire worker id 3",
+        Duration::from_secs(10),
+        || {
+            client
+                .query_one("SELECT lease_state FROM snowid_status()", &[])
+                .unwrap()
+                .get::<_, String>(0)
+                == "held"
+        },
+    );
     let refusal = error_text(&client.query_one("SELECT snowid_next()", &[]).unwrap_err());
     let behind: u64 = refusal
         .strip_prefix("55000: snowid refuses to issue ids: the system clock is ")
@@ -292,25 +435,48 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         .and_then(|ms| ms.parse().ok())
         .unwrap_or_else(|| panic!("{refusal}"));
     assert!((50_000..=60_000).contains(&behind), "{refusal}");
-    assert!(refusal.contains(" ms behind the ids already issued for this worker id"), "{refusal}");
+    assert!(
+        refusal.contains(" ms behind the ids already issued for this worker id"),
+        "{refusal}"
+    );
     laggard.cluster.set_clock_offset("+0");
     let (_, first) = wait_until_issuing(&mut client, Duration::from_secs(5));
     assert!(first > collected.max_of("node3"));
     collected.add("laggard", &[first]);
 
     // The registry's connection string, password included, shows nowhere.
-    let registry_shown: String = client.query_one("SELECT registry FROM snowid_status()", &[]).unwrap().get(0);
-    assert_eq!(registry_shown, format!("database \"postgres\" on 127.0.0.1 port {}", registry.port));
+    let registry_shown: String = client
+        .query_one("SELECT registry FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        registry_shown,
+        format!("database \"postgres\" on 127.0.0.1 port {}", registry.port)
+    );
     for node in nodes.iter().chain([&twin, &laggard]) {
-        assert!(!node.cluster.log().contains(SECRET), "{} logged the registry password", node.name);
+        assert!(
+            !node.cluster.log().contains(SECRET),
+            "{} logged the registry password",
+            node.name
+        );
     }
 
     // 6. Every id seen is unique, and each server's ids increase in the order it issued them.
     let all: HashSet<i64> = collected.0.iter().map(|&(_, id)| id).collect();
     assert_eq!(all.len(), collected.0.len(), "no id was issued twice");
-    for name in ["node1", "node2", "node3", "twin", "laggard"] {
-        let ids: Vec<i64> = collected.0.iter().filter(|(node, _)| node == name).map(|&(_, id)| id).collect();
-        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{name}'s ids increase");
+    for name in [
+        "node1", "node2", "node3", "spare1", "spare2", "twin", "laggard",
+    ] {
+        let ids: Vec<i64> = collected
+            .0
+            .iter()
+            .filter(|(node, _)| node == name)
+            .map(|&(_, id)| id)
+            .collect();
+        assert!(
+            ids.windows(2).all(|pair| pair[0] < pair[1]),
+            "{name}'s ids increase"
+        );
     }
     println!("{} ids collected, all unique", collected.0.len());
 }

@@ -13,14 +13,23 @@ fn regress_dir() -> PathBuf {
 
 /// Error locations name lines of snowid's source; they are not part of the contract.
 fn without_locations(output: &str) -> String {
-    output.lines().filter(|line| !line.starts_with("LOCATION:")).map(|line| format!("{line}\n")).collect()
+    output
+        .lines()
+        .filter(|line| !line.starts_with("LOCATION:"))
+        .map(|line| format!("{line}\n"))
+        .collect()
 }
 
 #[test]
 fn sql_files_print_their_expected_output() {
     let cluster = Cluster::start(
         "regress",
-        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 17", "snowid.database = 'usage'", "timezone = 'UTC'"],
+        &[
+            "shared_preload_libraries = 'snowid'",
+            "snowid.worker_id = 17",
+            "snowid.database = 'usage'",
+            "timezone = 'UTC'",
+        ],
     );
     let results = Path::new(env!("CARGO_TARGET_TMPDIR")).join("regress-results");
     fs::create_dir_all(&results).unwrap();
@@ -33,11 +42,19 @@ fn sql_files_print_their_expected_output() {
     let mut failures = vec![];
     for file in &files {
         let name = file.file_stem().unwrap().to_str().unwrap();
-        cluster.connect().batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        cluster
+            .connect()
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
         let actual = results.join(format!("{name}.out"));
         fs::write(&actual, without_locations(&cluster.psql_file(name, file))).unwrap();
         let expected = regress_dir().join("expected").join(format!("{name}.out"));
-        let diff = Command::new("diff").arg("-u").arg(&expected).arg(&actual).output().unwrap();
+        let diff = Command::new("diff")
+            .arg("-u")
+            .arg(&expected)
+            .arg(&actual)
+            .output()
+            .unwrap();
         if !diff.status.success() {
             failures.push(String::from_utf8_lossy(&diff.stdout).into_owned());
         }
@@ -47,8 +64,14 @@ fn sql_files_print_their_expected_output() {
 
 #[test]
 fn every_psql_example_in_the_readme_is_in_an_expected_output() {
-    let trimmed = |text: &str| text.lines().map(str::trim_end).collect::<Vec<_>>().join("\n");
-    let readme = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
+    let trimmed = |text: &str| {
+        text.lines()
+            .map(str::trim_end)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let readme =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
     let expected: Vec<String> = fs::read_dir(regress_dir().join("expected"))
         .unwrap()
         .map(|entry| trimmed(&fs::read_to_string(entry.unwrap().path()).unwrap()))
@@ -58,7 +81,10 @@ fn every_psql_example_in_the_readme_is_in_an_expected_output() {
         .skip(1)
         .map(|rest| rest.split("```").next().unwrap())
         .collect();
-    assert!(examples.len() >= 5, "the README shows its examples in ```psql blocks");
+    assert!(
+        examples.len() >= 5,
+        "the README shows its examples in ```psql blocks"
+    );
     for example in examples {
         let example = trimmed(example);
         assert!(

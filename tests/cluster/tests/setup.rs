@@ -20,7 +20,9 @@ fn without_preloading_every_shared_memory_function_says_how_to_fix_it() {
         assert_eq!(error_text(&error), expected, "{statement}");
     }
     // Decoding needs no shared memory.
-    let row = client.query_one("SELECT snowid_worker_id(120493965312069635)", &[]).unwrap();
+    let row = client
+        .query_one("SELECT snowid_worker_id(120493965312069635)", &[])
+        .unwrap();
     assert_eq!(row.get::<_, i32>(0), 17);
     assert!(!cluster.log().contains("PANIC") && !cluster.log().contains("terminated by signal"));
 }
@@ -30,13 +32,22 @@ fn an_unset_worker_id_refuses_with_a_hint() {
     let cluster = Cluster::start("worker-unset", &[PRELOADED]);
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
-    let expected = "55000: snowid.worker_id is not set HINT: Choose a worker id from 0 to 1023 that \
+    let expected =
+        "55000: snowid.worker_id is not set HINT: Choose a worker id from 0 to 1023 that \
                     no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER \
                     SYSTEM) and restart the server.";
     for statement in ["SELECT snowid_next()", "SELECT snowid_next_batch(10)"] {
-        assert_eq!(error_text(&client.simple_query(statement).unwrap_err()), expected);
+        assert_eq!(
+            error_text(&client.simple_query(statement).unwrap_err()),
+            expected
+        );
     }
-    let status = client.query_one("SELECT worker_id, last_id, ids_issued FROM snowid_status()", &[]).unwrap();
+    let status = client
+        .query_one(
+            "SELECT worker_id, last_id, ids_issued FROM snowid_status()",
+            &[],
+        )
+        .unwrap();
     assert_eq!(status.get::<_, Option<i32>>(0), None);
     assert_eq!(status.get::<_, Option<i64>>(1), None);
     assert_eq!(status.get::<_, i64>(2), 0);
@@ -45,9 +56,9 @@ fn an_unset_worker_id_refuses_with_a_hint() {
 #[test]
 fn a_worker_id_out_of_range_is_ignored_with_a_warning_and_refuses() {
     let cluster = Cluster::start("worker-too-big", &[PRELOADED, "snowid.worker_id = 1024"]);
-    assert!(cluster
-        .log()
-        .contains("WARNING:  1024 is outside the valid range for parameter \"snowid.worker_id\" (-1 .. 1023)"));
+    assert!(cluster.log().contains(
+        "WARNING:  1024 is outside the valid range for parameter \"snowid.worker_id\" (-1 .. 1023)"
+    ));
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
     let error = client.simple_query("SELECT snowid_next()").unwrap_err();
@@ -60,15 +71,26 @@ fn the_worker_id_changes_only_on_restart() {
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
     assert_eq!(cluster.wait_for_lease(&mut client), "held");
-    client.batch_execute("ALTER SYSTEM SET snowid.worker_id = 5").unwrap();
+    client
+        .batch_execute("ALTER SYSTEM SET snowid.worker_id = 5")
+        .unwrap();
     client.batch_execute("SELECT pg_reload_conf()").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut client = cluster.connect();
     let worker = |client: &mut postgres::Client| {
-        client.query_one("SELECT snowid_worker_id(snowid_next())", &[]).unwrap().get::<_, i32>(0)
+        client
+            .query_one("SELECT snowid_worker_id(snowid_next())", &[])
+            .unwrap()
+            .get::<_, i32>(0)
     };
-    assert_eq!(worker(&mut client), 17, "a reload leaves the worker id alone");
-    assert!(cluster.log().contains("parameter \"snowid.worker_id\" cannot be changed without restarting the server"));
+    assert_eq!(
+        worker(&mut client),
+        17,
+        "a reload leaves the worker id alone"
+    );
+    assert!(cluster.log().contains(
+        "parameter \"snowid.worker_id\" cannot be changed without restarting the server"
+    ));
     cluster.restart();
     let mut client = cluster.connect();
     assert_eq!(cluster.wait_for_lease(&mut client), "held");
@@ -87,11 +109,22 @@ fn every_database_of_a_server_shares_one_generator() {
     let mut ids = vec![];
     for _ in 0..500 {
         for client in [&mut first, &mut second] {
-            ids.push(client.query_one("SELECT snowid_next()", &[]).unwrap().get::<_, i64>(0));
+            ids.push(
+                client
+                    .query_one("SELECT snowid_next()", &[])
+                    .unwrap()
+                    .get::<_, i64>(0),
+            );
         }
     }
-    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "ids alternate between databases in order");
-    let issued: i64 = second.query_one("SELECT ids_issued FROM snowid_status()", &[]).unwrap().get(0);
+    assert!(
+        ids.windows(2).all(|pair| pair[0] < pair[1]),
+        "ids alternate between databases in order"
+    );
+    let issued: i64 = second
+        .query_one("SELECT ids_issued FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
     assert_eq!(issued, 1000);
 }
 
@@ -107,10 +140,18 @@ fn default_snowid_next_works_with_the_default_search_path() {
         )
         .unwrap();
     assert_eq!(cluster.wait_for_lease(&mut client), "held");
-    client.batch_execute("INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp')").unwrap();
+    client
+        .batch_execute("INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp')")
+        .unwrap();
     let rows = client
-        .query("SELECT item, (snowid_decode(id)).worker_id FROM orders ORDER BY id", &[])
+        .query(
+            "SELECT item, (snowid_decode(id)).worker_id FROM orders ORDER BY id",
+            &[],
+        )
         .unwrap();
     let items: Vec<(String, i32)> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
-    assert_eq!(items, [("book".into(), 17), ("pen".into(), 17), ("lamp".into(), 17)]);
+    assert_eq!(
+        items,
+        [("book".into(), 17), ("pen".into(), 17), ("lamp".into(), 17)]
+    );
 }

@@ -25,10 +25,20 @@ SELECT pg_describe_object(d.classid, d.objid, 0) || coalesce(' ' || (
 fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
     let cluster = Cluster::start(
         "upgrade",
-        &["shared_preload_libraries = 'snowid'", "snowid.worker_id = 21", "snowid.database = 'upgraded'"],
+        &[
+            "shared_preload_libraries = 'snowid'",
+            "snowid.worker_id = 21",
+            "snowid.database = 'upgraded'",
+        ],
     );
-    cluster.connect().batch_execute("CREATE DATABASE upgraded").unwrap();
-    cluster.connect().batch_execute("CREATE DATABASE fresh").unwrap();
+    cluster
+        .connect()
+        .batch_execute("CREATE DATABASE upgraded")
+        .unwrap();
+    cluster
+        .connect()
+        .batch_execute("CREATE DATABASE fresh")
+        .unwrap();
     let mut old = cluster.connect_to("upgraded");
     old.batch_execute(
         "CREATE EXTENSION snowid VERSION '0.1.0';
@@ -40,37 +50,60 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
                     extension snowid 0.2.0 or later is not installed in database \"upgraded\" HINT: \
                     Issuing resumes by itself once this server holds the lease; snowid_status() and \
                     the server log say more.";
-    wait_for("the lease worker to look for the lease functions", Duration::from_secs(10), || {
-        error_text(&old.query_one("SELECT snowid_next()", &[]).unwrap_err()) == expected
-    });
+    wait_for(
+        "the lease worker to look for the lease functions",
+        Duration::from_secs(10),
+        || error_text(&old.query_one("SELECT snowid_next()", &[]).unwrap_err()) == expected,
+    );
     // The 0.1.0 declaration of snowid_status() still works with the new library: the lease
     // columns come after the old ones.
     let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
     assert_eq!(status.len(), 6);
-    assert_eq!((status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)), (Some(21), 0));
+    assert_eq!(
+        (status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)),
+        (Some(21), 0)
+    );
 
     old.batch_execute("ALTER EXTENSION snowid UPDATE").unwrap();
     let version: String = old
-        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'snowid'", &[])
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'snowid'",
+            &[],
+        )
         .unwrap()
         .get(0);
     assert_eq!(version, "0.2.0");
     let mut new = cluster.connect_to("fresh");
     new.batch_execute("CREATE EXTENSION snowid").unwrap();
     let members = |client: &mut postgres::Client| -> Vec<String> {
-        client.query(MEMBERS, &[]).unwrap().iter().map(|row| row.get(0)).collect()
+        client
+            .query(MEMBERS, &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
     };
     let (upgraded, fresh) = (members(&mut old), members(&mut new));
     assert_eq!(upgraded, fresh);
-    assert_eq!(fresh.len(), 12, "{fresh:#?}");
+    assert_eq!(fresh.len(), 13, "{fresh:#?}");
 
     assert_eq!(cluster.wait_for_lease(&mut old), "held");
-    old.batch_execute("INSERT INTO orders (item) VALUES ('made with 0.2.0')").unwrap();
+    old.batch_execute("INSERT INTO orders (item) VALUES ('made with 0.2.0')")
+        .unwrap();
     let rows: Vec<(String, i32)> = old
-        .query("SELECT item, snowid_worker_id(id) FROM orders ORDER BY id", &[])
+        .query(
+            "SELECT item, snowid_worker_id(id) FROM orders ORDER BY id",
+            &[],
+        )
         .unwrap()
         .iter()
         .map(|row| (row.get(0), row.get(1)))
         .collect();
-    assert_eq!(rows, [("made with 0.1.0".into(), 17), ("made with 0.2.0".into(), 21)]);
+    assert_eq!(
+        rows,
+        [
+            ("made with 0.1.0".into(), 17),
+            ("made with 0.2.0".into(), 21)
+        ]
+    );
 }
