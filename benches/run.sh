@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Measures snowid's throughput beside nextval() on a throwaway cluster, release build.
-# Prints a Markdown table; `benches/run.sh > benches/results.md` records it.
+# snowid beside PostgreSQL's alternatives, on three throwaway servers (worker ids 17, 18 and 19),
+# release build. Writes benches/results/results.md and benches/results/chart.png and prints the
+# table. Arguments go to bench.py: --rows N (default 5,000,000), --runs N (default 3).
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+    echo "==> installing matplotlib for the chart" >&2
+    python3 -m pip install --quiet matplotlib 2>/dev/null || as_root apt-get install -y -qq python3-matplotlib >&2
+fi
 install_snowid >&2
 
-dir=${SNOWID_BENCH_DIR:-/tmp/snowid-bench}
-port=${SNOWID_BENCH_PORT:-54339}
-start_cluster "$dir" "$port" "shared_preload_libraries = 'snowid'" "snowid.worker_id = 17" >&2
-trap 'stop_cluster "$dir"' EXIT
-python3 "$REPO/benches/throughput.py" --psql "$("$PG_CONFIG" --bindir)/psql" --port "$port" "$@"
+base=${SNOWID_BENCH_DIR:-/tmp/snowid-bench}
+ports=()
+for worker_id in 17 18 19; do
+    port=$((54322 + worker_id))
+    echo "==> starting a server with worker id $worker_id on port $port" >&2
+    start_cluster "$base-$worker_id" "$port" "shared_preload_libraries = 'snowid'" \
+        "snowid.worker_id = $worker_id" "shared_buffers = '512MB'" "max_wal_size = '4GB'"
+    ports+=("$port")
+done
+trap 'for worker_id in 17 18 19; do stop_cluster "$base-$worker_id"; done' EXIT
+python3 "$REPO/benches/bench.py" --psql "$("$PG_CONFIG" --bindir)/psql" --ports "$(IFS=,; echo "${ports[*]}")" "$@"

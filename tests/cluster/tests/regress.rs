@@ -1,6 +1,7 @@
 //! SQL regression files: each `tests/regress/sql/NAME.sql` runs through psql in a database of its
 //! own and must print exactly `tests/regress/expected/NAME.out`. The README's examples are checked
-//! against these outputs, so neither can drift from the code.
+//! against these outputs, and its benchmark figures against the committed results, so that the
+//! README cannot drift from the code.
 
 use snowid_cluster_tests::Cluster;
 use std::fs;
@@ -92,4 +93,17 @@ fn every_psql_example_in_the_readme_is_in_an_expected_output() {
             "README example not found in tests/regress/expected:\n{example}"
         );
     }
+}
+
+#[test]
+fn the_readme_shows_the_committed_benchmark_results() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let results = fs::read_to_string(root.join("benches/results/results.md")).unwrap();
+    assert!(
+        readme.contains(results.trim()),
+        "README.md does not show benches/results/results.md as it is"
+    );
+    assert!(readme.contains("](benches/results/chart.png)"));
+    assert!(root.join("benches/results/chart.png").is_file());
 }
