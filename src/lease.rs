@@ -228,14 +228,14 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// Claims (acquires or renews) a worker id's lease. Parameters: worker id, holder, incarnation,
-/// holder's name, time-to-live in ms, reservation in ms since the snowid epoch. One row: granted,
-/// floor_ms, reserved_until_ms, holder_name, expires_at in Unix ms.
+/// holder's name, time-to-live in ms, reservation in ms since the snowid epoch. One row: worker id,
+/// granted, floor_ms, reserved_until_ms, holder_name, expires_at in Unix ms.
 pub const CLAIM_SQL: &str =
-    "SELECT granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms \
+    "SELECT $1::integer, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms \
      FROM snowid.lease_claim($1, $2, $3, $4, $5, $6)";
 
-/// Claims a lease on any free worker id. Parameters: as `CLAIM_SQL` without the worker id. One row:
-/// the worker id, then as `CLAIM_SQL`.
+/// Claims a lease on any free worker id. Parameters and row: as `CLAIM_SQL` without the worker id
+/// parameter.
 pub const CLAIM_ANY_SQL: &str =
     "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms \
      FROM snowid.lease_claim_any($1, $2, $3, $4, $5)";

@@ -207,127 +207,62 @@ impl Registry {
         timing: Timing,
         reserve_until_ms: u64,
     ) -> Result<(Option<u16>, Claim), String> {
-        let ttl_ms = timing.ttl.as_millis() as i64;
-        let reserve = reserve_until_ms as i64;
-        let Some(worker_id) = worker_id else {
-            return self.claim_any(me, ttl_ms, reserve);
+        let mut params = vec![];
+        let sql = match worker_id {
+            Some(worker_id) => {
+                params.push(Param::Int(i32::from(worker_id)));
+                lease::CLAIM_SQL
+            }
+            None => lease::CLAIM_ANY_SQL,
         };
-        self.claim_one(me, i32::from(worker_id), ttl_ms, reserve)
-            .map(|claim| (Some(worker_id), claim))
-    }
-
-    fn claim_one(
-        &mut self,
-        me: &Claimant,
-        worker_id: i32,
-        ttl_ms: i64,
-        reserve: i64,
-    ) -> Result<Claim, String> {
-        match self {
+        params.extend([
+            Param::Text(&me.holder),
+            Param::Text(&me.incarnation),
+            Param::Text(&me.name),
+            Param::Big(timing.ttl.as_millis() as i64),
+            Param::Big(reserve_until_ms as i64),
+        ]);
+        let (worker_id, granted, floor_ms, reserved_until_ms, holder, expires_at) = match self {
             Registry::Local { database } => {
                 let database = database.as_str();
+                let params = &params;
                 BackgroundWorker::transaction(|| {
                     local_ready(database)?;
                     Spi::connect(|client| {
-                        let args = [
-                            worker_id.into(),
-                            me.holder.as_str().into(),
-                            me.incarnation.as_str().into(),
-                            me.name.as_str().into(),
-                            ttl_ms.into(),
-                            reserve.into(),
-                        ];
-                        let row = client.select(lease::CLAIM_SQL, Some(1), &args)?.first();
-                        Ok(lease::claim_from_row(
-                            row.get::<bool>(1)?,
-                            row.get::<i64>(2)?,
-                            row.get::<i64>(3)?,
-                            row.get::<String>(4)?,
-                            row.get::<i64>(5)?,
+                        let args: Vec<_> = params.iter().map(Param::datum).collect();
+                        let row = client.select(sql, Some(1), &args)?.first();
+                        Ok((
+                            row.get(1)?,
+                            row.get(2)?,
+                            row.get(3)?,
+                            row.get(4)?,
+                            row.get(5)?,
+                            row.get(6)?,
                         ))
                     })
                     .map_err(|error: pgrx::spi::SpiError| error.to_string())
-                })
+                })?
             }
             Registry::Remote { .. } => {
                 let row = self.remote(|client| {
-                    client.query_one(
-                        lease::CLAIM_SQL,
-                        &[
-                            &worker_id,
-                            &me.holder,
-                            &me.incarnation,
-                            &me.name,
-                            &ttl_ms,
-                            &reserve,
-                        ],
-                    )
+                    let args: Vec<_> = params.iter().map(Param::to_sql).collect();
+                    client.query_one(sql, &args)
                 })?;
-                Ok(lease::claim_from_row(
+                (
                     row.get(0),
                     row.get(1),
                     row.get(2),
                     row.get(3),
                     row.get(4),
-                ))
+                    row.get(5),
+                )
             }
-        }
-    }
-
-    fn claim_any(
-        &mut self,
-        me: &Claimant,
-        ttl_ms: i64,
-        reserve: i64,
-    ) -> Result<(Option<u16>, Claim), String> {
-        let worker_id_of = |id: Option<i32>| id.and_then(|id| u16::try_from(id).ok());
-        match self {
-            Registry::Local { database } => {
-                let database = database.as_str();
-                BackgroundWorker::transaction(|| {
-                    local_ready(database)?;
-                    Spi::connect(|client| {
-                        let args = [
-                            me.holder.as_str().into(),
-                            me.incarnation.as_str().into(),
-                            me.name.as_str().into(),
-                            ttl_ms.into(),
-                            reserve.into(),
-                        ];
-                        let row = client.select(lease::CLAIM_ANY_SQL, Some(1), &args)?.first();
-                        Ok((
-                            worker_id_of(row.get::<i32>(1)?),
-                            lease::claim_from_row(
-                                row.get::<bool>(2)?,
-                                row.get::<i64>(3)?,
-                                row.get::<i64>(4)?,
-                                row.get::<String>(5)?,
-                                row.get::<i64>(6)?,
-                            ),
-                        ))
-                    })
-                    .map_err(|error: pgrx::spi::SpiError| error.to_string())
-                })
-            }
-            Registry::Remote { .. } => {
-                let row = self.remote(|client| {
-                    client.query_one(
-                        lease::CLAIM_ANY_SQL,
-                        &[&me.holder, &me.incarnation, &me.name, &ttl_ms, &reserve],
-                    )
-                })?;
-                Ok((
-                    worker_id_of(row.get(0)),
-                    lease::claim_from_row(
-                        row.get(1),
-                        row.get(2),
-                        row.get(3),
-                        row.get(4),
-                        row.get(5),
-                    ),
-                ))
-            }
-        }
+        };
+        let worker_id = worker_id.and_then(|id: i32| u16::try_from(id).ok());
+        Ok((
+            worker_id,
+            lease::claim_from_row(granted, floor_ms, reserved_until_ms, holder, expires_at),
+        ))
     }
 
     fn release(&mut self, me: &Claimant, worker_id: u16, high_water_ms: u64) -> Result<(), String> {
@@ -411,6 +346,31 @@ pub fn registry_description() -> String {
             }
             Err(_) => "an invalid snowid.registry".into(),
         },
+    }
+}
+
+/// A parameter of a registry call, for either kind of registry.
+enum Param<'a> {
+    Int(i32),
+    Big(i64),
+    Text(&'a str),
+}
+
+impl Param<'_> {
+    fn datum(&self) -> pgrx::datum::DatumWithOid<'_> {
+        match self {
+            Param::Int(value) => (*value).into(),
+            Param::Big(value) => (*value).into(),
+            Param::Text(value) => (*value).into(),
+        }
+    }
+
+    fn to_sql(&self) -> &(dyn postgres::types::ToSql + Sync) {
+        match self {
+            Param::Int(value) => value,
+            Param::Big(value) => value,
+            Param::Text(value) => value,
+        }
     }
 }
 

@@ -361,3 +361,19 @@ pub fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnMut() -
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// How many milliseconds behind a refusal says the clock is, from its `error_text`; the rest of the
+/// refusal must be the documented one.
+pub fn clock_behind_ms(refusal: &str) -> u64 {
+    let behind = refusal
+        .strip_prefix("55000: snowid refuses to issue ids: the system clock is ")
+        .and_then(|rest| {
+            rest.strip_suffix(
+            " ms behind the ids already issued for this worker id HINT: Retry once the clock has \
+             caught up; check the server's time synchronisation.",
+        )
+        });
+    behind
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("not a clock refusal: {refusal}"))
+}
