@@ -20,7 +20,7 @@ impl Issuer {
         let Some(state) = shmem::issuing_state() else {
             SnowidError::NotPreloaded.raise(function)
         };
-        if gucs::worker_id().is_none() && !gucs::any_worker_id() {
+        if !gucs::leases_a_worker_id() {
             SnowidError::WorkerIdUnset.raise(function)
         }
         Issuer { state, function }

@@ -85,10 +85,10 @@ pub fn worker_id() -> Option<u16> {
     u16::try_from(WORKER_ID.get()).ok()
 }
 
-/// Whether this server leases whichever worker id is free: `snowid.any_worker_id` without a
-/// `snowid.worker_id`.
-pub fn any_worker_id() -> bool {
-    worker_id().is_none() && ANY_WORKER_ID.get()
+/// Whether this server has a worker id to lease: `snowid.worker_id`, or any free one with
+/// `snowid.any_worker_id`.
+pub fn leases_a_worker_id() -> bool {
+    worker_id().is_some() || ANY_WORKER_ID.get()
 }
 
 pub fn max_clock_backward_ms() -> u64 {

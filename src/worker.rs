@@ -1,8 +1,7 @@
 //! The lease worker: a background worker that acquires this server's lease on `snowid.worker_id`
 //! (or on any free worker id, with `snowid.any_worker_id`), renews it, and releases it on a clean
-//! shutdown. It opens the generator's gate while the lease
-//! holds (see `lease` for the rules) and records what the registry said for refusals and
-//! `snowid_status()`.
+//! shutdown. It opens the generator's gate while the lease holds (see `lease` for the rules) and
+//! records what the registry said, for refusals and `snowid_status()`.
 
 use crate::generator::{Clock, Grant, SystemClock};
 use crate::lease::{self, Claim, State, Text, Timing};
@@ -15,7 +14,7 @@ use std::time::Duration;
 
 /// Registers the worker with the postmaster, when there is a worker id to lease.
 pub fn register() {
-    if gucs::worker_id().is_none() && !gucs::any_worker_id() {
+    if !gucs::leases_a_worker_id() {
         return;
     }
     BackgroundWorkerBuilder::new("snowid lease worker")
