@@ -232,17 +232,7 @@ impl Cluster {
     /// Waits up to 15 s for the lease worker to hold the lease, then returns `snowid_status()`'s
     /// lease_state.
     pub fn wait_for_lease(&self, client: &mut Client) -> String {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        loop {
-            let state: String = client
-                .query_one("SELECT lease_state FROM snowid_status()", &[])
-                .unwrap()
-                .get(0);
-            if state == "held" || std::time::Instant::now() > deadline {
-                return state;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        wait_for_lease_state(client, "held", std::time::Duration::from_secs(15))
     }
 
     fn pg_ctl(&self, action: &str) {
@@ -376,4 +366,24 @@ pub fn clock_behind_ms(refusal: &str) -> u64 {
     behind
         .and_then(|ms| ms.parse().ok())
         .unwrap_or_else(|| panic!("not a clock refusal: {refusal}"))
+}
+
+/// Waits up to `limit` for `snowid_status()`'s lease_state to read `wanted`; returns the last state
+/// read.
+pub fn wait_for_lease_state(
+    client: &mut Client,
+    wanted: &str,
+    limit: std::time::Duration,
+) -> String {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let state: String = client
+            .query_one("SELECT lease_state FROM snowid_status()", &[])
+            .unwrap()
+            .get(0);
+        if state == wanted || std::time::Instant::now() > deadline {
+            return state;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }

@@ -23,10 +23,10 @@ fn counters(client: &mut postgres::Client) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
-#[test]
-fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_returns() {
+/// A server whose clock libfaketime moves, holding its lease, with `step_then_next` created.
+fn issuing_with_fake_clock(name: &str) -> (Cluster, postgres::Client) {
     let cluster = Cluster::start_with_fake_clock(
-        "clock",
+        name,
         &[
             "shared_preload_libraries = 'snowid'",
             "snowid.worker_id = 17",
@@ -36,6 +36,12 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
     assert_eq!(cluster.wait_for_lease(&mut client), "held");
     client.batch_execute(STEP_THEN_NEXT).unwrap();
+    (cluster, client)
+}
+
+#[test]
+fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_returns() {
+    let (cluster, mut client) = issuing_with_fake_clock("clock");
     let offset_file = cluster.clock_offset_file();
 
     // 2 ms back, within snowid.max_clock_backward (5 ms): waited out.
@@ -83,17 +89,7 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
 
 #[test]
 fn max_clock_backward_takes_effect_on_reload() {
-    let cluster = Cluster::start_with_fake_clock(
-        "clock-reload",
-        &[
-            "shared_preload_libraries = 'snowid'",
-            "snowid.worker_id = 17",
-        ],
-    );
-    let mut client = cluster.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
-    assert_eq!(cluster.wait_for_lease(&mut client), "held");
-    client.batch_execute(STEP_THEN_NEXT).unwrap();
+    let (cluster, mut client) = issuing_with_fake_clock("clock-reload");
     client
         .batch_execute("ALTER SYSTEM SET snowid.max_clock_backward = 0")
         .unwrap();

@@ -3,7 +3,7 @@
 //! whose clock is a minute behind. Every id seen is collected; at the end all are unique and each
 //! server's increase.
 
-use snowid_cluster_tests::{clock_behind_ms, error_text, wait_for, Cluster};
+use snowid_cluster_tests::{clock_behind_ms, error_text, wait_for, wait_for_lease_state, Cluster};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -264,16 +264,13 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     // 2. A second server configured with worker id 1, which node1 holds, refuses and names node1.
     let twin = Node::start("twin", 1, &registry);
     let mut twin_client = twin.cluster.connect();
-    wait_for(
-        "the twin to see the lease held",
-        Duration::from_secs(10),
-        || {
-            twin_client
-                .query_one("SELECT lease_state FROM snowid_status()", &[])
-                .unwrap()
-                .get::<_, String>(0)
-                == "held by another server"
-        },
+    assert_eq!(
+        wait_for_lease_state(
+            &mut twin_client,
+            "held by another server",
+            Duration::from_secs(10)
+        ),
+        "held by another server"
     );
     let refusal = error_text(
         &twin_client
@@ -304,16 +301,13 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     // holder: it cannot take node2's lease.
     let copy = nodes[1].cluster.physical_copy("node2-copy");
     let mut copy_client = copy.connect();
-    wait_for(
-        "the copy to see the lease held",
-        Duration::from_secs(10),
-        || {
-            copy_client
-                .query_one("SELECT lease_state FROM snowid_status()", &[])
-                .unwrap()
-                .get::<_, String>(0)
-                == "held by another server"
-        },
+    assert_eq!(
+        wait_for_lease_state(
+            &mut copy_client,
+            "held by another server",
+            Duration::from_secs(10)
+        ),
+        "held by another server"
     );
     let refusal = error_text(
         &copy_client
@@ -417,16 +411,9 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     let laggard = Node::start_with("laggard", Some(3), &registry, true);
     laggard.cluster.set_clock_offset("-60");
     let mut client = laggard.cluster.connect();
-    wait_for(
-        "the laggard to acquire worker id 3",
-        Duration::from_secs(10),
-        || {
-            client
-                .query_one("SELECT lease_state FROM snowid_status()", &[])
-                .unwrap()
-                .get::<_, String>(0)
-                == "held"
-        },
+    assert_eq!(
+        wait_for_lease_state(&mut client, "held", Duration::from_secs(10)),
+        "held"
     );
     let refusal = error_text(&client.query_one("SELECT snowid_next()", &[]).unwrap_err());
     assert!(
