@@ -1,7 +1,7 @@
 //! The SQL functions: thin wrappers over `layout` and `generator`.
 
 use crate::errors::SnowidError;
-use crate::generator::{IssuingState, StampRun, SystemClock};
+use crate::generator::{IssuingState, Refusal, StampRun, SystemClock};
 use crate::layout::{self, IDS_PER_MILLI};
 use crate::{gucs, shmem, worker};
 use pgrx::prelude::*;
@@ -30,11 +30,16 @@ impl Issuer {
         self.state
             .issue(
                 &SystemClock,
-                &shmem::SlowPath,
+                &shmem::LatchWaiter,
                 wanted,
                 gucs::max_clock_backward_ms(),
             )
-            .unwrap_or_else(|refusal| SnowidError::Refused(refusal).raise(self.function))
+            .unwrap_or_else(|refused| {
+                if refused.refusal == Refusal::NotLeased && shmem::in_recovery() {
+                    SnowidError::InRecovery.raise(self.function)
+                }
+                SnowidError::Refused(refused).raise(self.function)
+            })
     }
 }
 
@@ -160,10 +165,7 @@ fn snowid_status() -> TableIterator<
     };
     TableIterator::once((
         worker_id.map(i32::from),
-        snapshot
-            .last_stamp
-            .zip(worker_id)
-            .map(|(stamp, worker)| layout::id_from_stamp(stamp, worker)),
+        snapshot.last_id,
         count(snapshot.ids_issued),
         count(snapshot.clock_backward_waits),
         count(snapshot.clock_backward_refusals),

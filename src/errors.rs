@@ -4,9 +4,12 @@
 //! - class 55, `55000` object_not_in_prerequisite_state: snowid cannot issue on this server right
 //!   now (not preloaded, no worker id, no lease, clock behind). The input was fine; retry once the cause named
 //!   in the message is gone.
+//! - `25006` read_only_sql_transaction: the server is a standby (in recovery) and issues nothing
+//!   until promoted, as PostgreSQL answers `nextval()` there.
 //! - class 22, data exceptions: the input is wrong, and retrying the same call fails the same way.
 
-use crate::generator::Refusal;
+use crate::generator::{Clock, SystemClock};
+use crate::generator::{Refusal, Refused};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
 use crate::{gucs, lease, shmem};
 use pgrx::pg_sys::panic::ErrorReport;
@@ -15,7 +18,8 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 pub enum SnowidError {
     NotPreloaded,
     WorkerIdUnset,
-    Refused(Refusal),
+    InRecovery,
+    Refused(Refused),
     NegativeId(NegativeId),
     InfiniteTimestamp,
     TimestampOutOfRange(TimestampOutOfRange),
@@ -44,31 +48,52 @@ impl SnowidError {
             .set_hint(format!(
                 "Choose a worker id from 0 to {MAX_WORKER_ID} that no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and restart the server."
             )),
-            SnowidError::Refused(Refusal::NotLeased) => ErrorReport::new(
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                format!(
-                    "snowid refuses to issue ids: {}",
-                    {
-                        let status = shmem::lease_status();
-                        lease::refusal_reason(&status, status.worker_id.or(gucs::worker_id()))
-                    }
-                ),
+            SnowidError::InRecovery => ErrorReport::new(
+                ERRCODE_READ_ONLY_SQL_TRANSACTION,
+                "snowid cannot issue ids on a server in recovery",
                 function,
             )
-            .set_hint("Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."),
-            SnowidError::Refused(Refusal::ClockBehind { by_ms }) => clock_refusal(
-                format!("the system clock is {by_ms} ms behind the ids already issued for this worker id"),
+            .set_hint("Make ids on the primary; once this server is promoted it issues as soon as it holds the lease."),
+            SnowidError::Refused(Refused { refusal: Refusal::NotLeased, .. }) => {
+                let status = shmem::lease_status();
+                let worker_id = status.worker_id.or(gucs::worker_id());
+                ErrorReport::new(
+                    ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!(
+                        "snowid refuses to issue ids: {}",
+                        lease::refusal_reason(&status, worker_id)
+                    ),
+                    function,
+                )
+                .set_hint(lease::refusal_hint(&status, worker_id))
+            }
+            SnowidError::Refused(Refused { refusal: Refusal::ClockBehind { by_ms }, first_of_episode }) => clock_refusal(
+                format!(": the system clock is {by_ms} ms behind the ids already issued for this worker id"),
                 "The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.",
                 "Retry once the clock has caught up; check the server's time synchronisation.",
+                first_of_episode,
                 function,
             ),
-            SnowidError::Refused(Refusal::ClockStalled { waited_ms }) => clock_refusal(
-                format!("the system clock has not moved for {waited_ms} ms"),
+            SnowidError::Refused(Refused { refusal: Refusal::BelowFloor { by_ms }, first_of_episode }) => {
+                let status = shmem::lease_status();
+                let worker_id = status.worker_id.or(gucs::worker_id()).map_or(String::new(), |id| format!(" {id}"));
+                let reach = lease::format_unix_ms(SystemClock.unix_millis() + by_ms as i64);
+                clock_refusal(
+                    format!(" for another {by_ms} ms: this server has just taken the lease on worker id{worker_id}, and ids issued before under it reach {reach}"),
+                    "This server issues only above every id issued before under its worker id, by itself before a restart or crash or by the server that held the worker id before it.",
+                    "Retry once that time has passed. A wait of more than a second or two means this server's clock is behind the previous holder's: check its time synchronisation.",
+                    first_of_episode,
+                    function,
+                )
+            }
+            SnowidError::Refused(Refused { refusal: Refusal::ClockStalled { waited_ms }, first_of_episode }) => clock_refusal(
+                format!(": the system clock has not moved for {waited_ms} ms"),
                 "All ids of the clock's current millisecond are used; snowid waits for the next one only so long.",
                 "Retry; check the server's system clock.",
+                first_of_episode,
                 function,
             ),
-            SnowidError::Refused(Refusal::ClockOutOfRange(range)) => ErrorReport::new(
+            SnowidError::Refused(Refused { refusal: Refusal::ClockOutOfRange(range), .. }) => ErrorReport::new(
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 match range {
                     TimestampOutOfRange::BeforeEpoch => {
@@ -115,10 +140,18 @@ impl SnowidError {
     }
 }
 
-/// A refusal caused by the clock going wrong, which the server log should show as it happens.
-fn clock_refusal(cause: String, detail: &str, hint: &str, function: &'static str) -> ErrorReport {
-    let message = format!("snowid refuses to issue ids: {cause}");
-    pgrx::warning!("{message}");
+/// A refusal caused by the clock, which the server log shows once an episode, as it begins.
+fn clock_refusal(
+    cause: String,
+    detail: &str,
+    hint: &str,
+    first_of_episode: bool,
+    function: &'static str,
+) -> ErrorReport {
+    let message = format!("snowid refuses to issue ids{cause}");
+    if first_of_episode {
+        pgrx::warning!("{message}");
+    }
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         message,

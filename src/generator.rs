@@ -6,12 +6,12 @@
 //! the word, and no stamp is ever claimed twice. The millisecond of a claimed stamp is always the
 //! clock's reading at that moment: time is never borrowed from the future.
 //!
-//! Two situations need waiting, both by re-reading the clock (a sleep of a whole millisecond would
-//! halve throughput):
-//! - all 4,096 sequences of the current millisecond are used: spin until the next millisecond;
-//! - the clock reads earlier than the last stamp: if the step back is at most `max_backward_ms`, wait
-//!   until the clock catches up, one waiter at a time under the caller's slow-path lock; otherwise
-//!   refuse.
+//! Two situations need waiting, and every wait answers the caller's interrupts (cancel,
+//! `statement_timeout`, termination) through the [`Waiter`], holding nothing others need:
+//! - all 4,096 sequences of the current millisecond are used: spin until the next millisecond
+//!   (a sleep of a whole millisecond would halve throughput);
+//! - the clock reads earlier than the last stamp: if the step back is at most `max_backward_ms`,
+//!   sleep until the clock catches up; otherwise refuse.
 //!
 //! A wait never outlasts `max_backward_ms + STALLED_CLOCK_MS` of monotonic time: a wall clock that does
 //! not move is refused rather than spun on forever.
@@ -50,10 +50,13 @@ impl Clock for SystemClock {
     }
 }
 
-/// Serialises the rare waits for a clock that stepped back, so that waiting callers sleep on the lock
-/// instead of all spinning on the clock.
-pub trait SlowPathLock {
-    fn exclusive<R>(&self, wait: impl FnOnce() -> R) -> R;
+/// How a caller waits: in the server, on its latch, ending the statement when it is cancelled, times
+/// out or is terminated.
+pub trait Waiter {
+    /// Sleeps for about `duration`.
+    fn sleep(&self, duration: Duration);
+    /// Called on every turn of a spin.
+    fn check_interrupts(&self);
 }
 
 /// Why no id can be issued now. Every refusal is temporary: retrying once the clock is right, or the
@@ -64,10 +67,21 @@ pub enum Refusal {
     NotLeased,
     /// The clock reads `by_ms` milliseconds earlier than the ids already issued allow.
     ClockBehind { by_ms: u64 },
+    /// The lease was just taken and the clock is `by_ms` milliseconds short of its floor: the ids
+    /// issued before under the worker id may reach that far.
+    BelowFloor { by_ms: u64 },
     /// The clock stayed on a millisecond whose ids are all used for `waited_ms` milliseconds.
     ClockStalled { waited_ms: u64 },
     /// The clock reads a time the layout cannot hold.
     ClockOutOfRange(TimestampOutOfRange),
+}
+
+/// A refusal, and whether it is the first of its episode: the first since the last stamp changed,
+/// so that the server log gets one line for an episode, not one per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub refusal: Refusal,
+    pub first_of_episode: bool,
 }
 
 /// Consecutive stamps of one millisecond, claimed together under one worker id.
@@ -117,8 +131,9 @@ fn next(last_stamp: u64, now_millis: u64, wanted: u32) -> Next {
 }
 
 /// What a lease lets a server do: issue under `worker_id` ids whose millisecond is at least
-/// `floor_ms` (above every id issued before under that worker id) and below `reserved_until_ms` (the
-/// bound recorded in the registry for the next holder), until CLOCK_MONOTONIC reads `deadline_ns`.
+/// `floor_ms` (above every id issued before under that worker id) and below `reserved_until_ms`
+/// (the least of the bound recorded in the registry for the next holder and the one this server
+/// recorded in its data directory), until CLOCK_MONOTONIC reads `deadline_ns`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
     pub worker_id: u16,
@@ -141,12 +156,29 @@ pub struct IssuingState {
     sequence_overflow_waits: AtomicU64,
     clock_backward_waits: AtomicU64,
     clock_backward_refusals: AtomicU64,
+    /// The last stamp for which a refusal was counted as an episode.
+    refused_at_stamp: AtomicU64,
+    /// Written only by `open_gate`, which the lease worker alone calls.
+    grants: GrantHistory,
+}
+
+/// What the gate was opened with before, so that a new grant never lets an id fall below one
+/// already issued, and the status can tell issued stamps from a floor.
+#[derive(Debug, Default)]
+struct GrantHistory {
+    /// The worker id of the latest grant, plus one; 0 before the first.
+    worker_id_plus_one: AtomicU64,
+    /// The value `open_gate` last lifted the last stamp to, which no caller issued.
+    lifted_to: AtomicU64,
+    /// The last id really issued before that lift, plus one; 0 for none.
+    issued_before_lift: AtomicU64,
 }
 
 /// The state's counters at one moment, for `snowid_status()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Snapshot {
-    pub last_stamp: Option<u64>,
+    /// The last id really issued, under the worker id it was issued with.
+    pub last_id: Option<i64>,
     pub ids_issued: u64,
     pub sequence_overflow_waits: u64,
     pub clock_backward_waits: u64,
@@ -159,10 +191,10 @@ impl IssuingState {
     pub fn issue(
         &self,
         clock: &impl Clock,
-        slow_path: &impl SlowPathLock,
+        waiter: &impl Waiter,
         wanted: u32,
         max_backward_ms: u64,
-    ) -> Result<StampRun, Refusal> {
+    ) -> Result<StampRun, Refused> {
         debug_assert!(wanted >= 1 && u64::from(wanted) <= IDS_PER_MILLI);
         // The millisecond this caller waits for, and since when. Others may claim the whole of it
         // first; the caller then waits for the next one, afresh.
@@ -174,7 +206,7 @@ impl IssuingState {
             // The word before the clock: the other way round, a caller paused between the two reads
             // would see stamps newer than its clock reading and take that for a step back.
             let last = self.last_stamp.load(Ordering::Acquire);
-            let now = clock_millis(clock)?;
+            let now = clock_millis(clock).map_err(|refusal| self.refused(refusal, last))?;
             match next(last, now, wanted) {
                 Next::Claim(mut run) => {
                     // After the wall clock was read, so that `close_gate` can bound what slips past.
@@ -182,7 +214,7 @@ impl IssuingState {
                     if now >= gate >> WORKER_ID_BITS
                         || clock.monotonic_ns() >= self.gate_deadline_ns.load(Ordering::SeqCst)
                     {
-                        return Err(Refusal::NotLeased);
+                        return Err(self.refused(Refusal::NotLeased, last));
                     }
                     run.worker_id = (gate & u64::from(MAX_WORKER_ID)) as u16;
                     if self
@@ -207,9 +239,8 @@ impl IssuingState {
                             if let Some(waited) =
                                 waited.filter(|&w| w > wait_limit(max_backward_ms))
                             {
-                                return Err(Refusal::ClockStalled {
-                                    waited_ms: waited.as_millis() as u64,
-                                });
+                                let waited_ms = waited.as_millis() as u64;
+                                return Err(self.refused(Refusal::ClockStalled { waited_ms }, last));
                             }
                         }
                         _ => {
@@ -217,6 +248,7 @@ impl IssuingState {
                             overflow_wait = Some((awaited, clock.monotonic_ns()));
                         }
                     }
+                    waiter.check_interrupts();
                     std::hint::spin_loop();
                 }
                 Next::ClockBehind { by_ms } => {
@@ -224,25 +256,71 @@ impl IssuingState {
                         Err(Refusal::ClockBehind { by_ms })
                     } else {
                         let target = layout::stamp_millis(last);
-                        slow_path.exclusive(|| wait_for_clock(clock, target, max_backward_ms))
+                        wait_for_clock(clock, waiter, target, max_backward_ms)
                     };
                     let counter = match caught_up {
                         Ok(()) => &self.clock_backward_waits,
                         Err(_) => &self.clock_backward_refusals,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
-                    caught_up?;
+                    if let Err(refusal) = caught_up {
+                        // Nothing issued since a floor lifted the last stamp: the clock is short of
+                        // the floor, not stepped back from ids of this server's.
+                        let refusal = match refusal {
+                            Refusal::ClockBehind { by_ms }
+                                if last == self.grants.lifted_to.load(Ordering::Acquire) =>
+                            {
+                                Refusal::BelowFloor { by_ms }
+                            }
+                            other => other,
+                        };
+                        return Err(self.refused(refusal, last));
+                    }
                 }
             }
         }
     }
 
+    fn refused(&self, refusal: Refusal, last: u64) -> Refused {
+        let first_of_episode = match refusal {
+            Refusal::NotLeased => false,
+            _ => self.refused_at_stamp.swap(last, Ordering::Relaxed) != last,
+        };
+        Refused {
+            refusal,
+            first_of_episode,
+        }
+    }
+
     /// Lets issuing through as `grant` says. A new holder's floor lifts the last stamp first, so
-    /// that its ids start above every id issued before under that worker id.
+    /// that its ids start above every id issued before under that worker id; a grant of another
+    /// worker id than the last one moves issuing on to the next millisecond, so that no id of the
+    /// new worker id sorts below one already issued under the old.
     pub fn open_gate(&self, grant: &Grant) {
-        if let Some(floor_ms) = grant.floor_ms.filter(|&floor| floor > 0) {
-            self.last_stamp
-                .fetch_max(layout::stamp(floor_ms, 0) - 1, Ordering::SeqCst);
+        let worker_id_plus_one = u64::from(grant.worker_id) + 1;
+        let previous = self
+            .grants
+            .worker_id_plus_one
+            .swap(worker_id_plus_one, Ordering::SeqCst);
+        let mut lift_to = grant
+            .floor_ms
+            .filter(|&floor| floor > 0)
+            .map_or(0, |floor| layout::stamp(floor, 0) - 1);
+        if previous != 0 && previous != worker_id_plus_one {
+            let last = self.last_stamp.load(Ordering::SeqCst);
+            lift_to = lift_to.max(layout::stamp(layout::stamp_millis(last), IDS_PER_MILLI - 1));
+        }
+        if lift_to > 0 {
+            let before = self.last_stamp.fetch_max(lift_to, Ordering::SeqCst);
+            if before < lift_to {
+                if before != 0 && before != self.grants.lifted_to.load(Ordering::SeqCst) {
+                    let issued = layout::id_from_stamp(before, (previous - 1) as u16);
+                    self.grants
+                        .issued_before_lift
+                        .store(issued as u64 + 1, Ordering::SeqCst);
+                }
+                self.grants.lifted_to.store(lift_to, Ordering::SeqCst);
+            }
         }
         self.gate_deadline_ns
             .store(grant.deadline_ns, Ordering::SeqCst);
@@ -263,10 +341,29 @@ impl IssuingState {
         now.max(last) + 1
     }
 
+    /// The first millisecond above every id issued and every floor applied.
+    pub fn next_free_millis(&self) -> u64 {
+        layout::stamp_millis(self.last_stamp.load(Ordering::SeqCst)) + 1
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let last = self.last_stamp.load(Ordering::Acquire);
+        let last_id = if last == 0 {
+            None
+        } else if last == self.grants.lifted_to.load(Ordering::Acquire) {
+            match self.grants.issued_before_lift.load(Ordering::Acquire) {
+                0 => None,
+                id_plus_one => Some((id_plus_one - 1) as i64),
+            }
+        } else {
+            let worker_id = self.grants.worker_id_plus_one.load(Ordering::Acquire);
+            Some(layout::id_from_stamp(
+                last,
+                worker_id.saturating_sub(1) as u16,
+            ))
+        };
         Snapshot {
-            last_stamp: (last != 0).then_some(last),
+            last_id,
             ids_issued: self.ids_issued.load(Ordering::Relaxed),
             sequence_overflow_waits: self.sequence_overflow_waits.load(Ordering::Relaxed),
             clock_backward_waits: self.clock_backward_waits.load(Ordering::Relaxed),
@@ -287,9 +384,14 @@ fn wait_limit(max_backward_ms: u64) -> Duration {
     Duration::from_millis(max_backward_ms + STALLED_CLOCK_MS)
 }
 
-/// Re-reads the clock until it reaches `target` millis, refusing if it falls further back than
+/// Sleeps until the clock reaches `target` millis, refusing if it falls further back than
 /// `max_backward_ms` or does not get there in time.
-fn wait_for_clock(clock: &impl Clock, target: u64, max_backward_ms: u64) -> Result<(), Refusal> {
+fn wait_for_clock(
+    clock: &impl Clock,
+    waiter: &impl Waiter,
+    target: u64,
+    max_backward_ms: u64,
+) -> Result<(), Refusal> {
     let started = clock.monotonic_ns();
     loop {
         // Monotonic before wall clock, for the reason given in `IssuingState::issue`.
@@ -302,7 +404,7 @@ fn wait_for_clock(clock: &impl Clock, target: u64, max_backward_ms: u64) -> Resu
         if by_ms > max_backward_ms || waited > wait_limit(max_backward_ms) {
             return Err(Refusal::ClockBehind { by_ms });
         }
-        std::hint::spin_loop();
+        waiter.sleep(Duration::from_millis(by_ms));
     }
 }
 
@@ -350,15 +452,19 @@ mod tests {
         }
     }
 
+    /// Counts what a caller asked of its waiter; sleeping takes no scripted time.
     #[derive(Default)]
-    struct CountingLock {
-        taken: Cell<u32>,
+    struct CountingWaiter {
+        slept: RefCell<Vec<Duration>>,
+        checks: Cell<u32>,
     }
 
-    impl SlowPathLock for CountingLock {
-        fn exclusive<R>(&self, wait: impl FnOnce() -> R) -> R {
-            self.taken.set(self.taken.get() + 1);
-            wait()
+    impl Waiter for CountingWaiter {
+        fn sleep(&self, duration: Duration) {
+            self.slept.borrow_mut().push(duration);
+        }
+        fn check_interrupts(&self) {
+            self.checks.set(self.checks.get() + 1);
         }
     }
 
@@ -381,118 +487,205 @@ mod tests {
     fn one(
         state: &IssuingState,
         clock: &ScriptedClock,
-        lock: &CountingLock,
+        waiter: &CountingWaiter,
     ) -> Result<u64, Refusal> {
-        state.issue(clock, lock, 1, 5).map(|run| run.first)
+        state
+            .issue(clock, waiter, 1, 5)
+            .map(|run| run.first)
+            .map_err(|refused| refused.refusal)
     }
 
     #[test]
     fn a_closed_gate_issues_nothing() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
         state.open_gate(&OPEN);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         assert_eq!(state.close_gate(&clock), T + 1);
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
         assert_eq!(state.snapshot().ids_issued, 1);
     }
 
     #[test]
     fn ids_stay_below_the_reservation() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
         state.open_gate(&Grant {
             reserved_until_ms: T + 1,
             ..OPEN
         });
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         clock.then(&[T + 1]);
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
         state.open_gate(&Grant {
             reserved_until_ms: T + 30_000,
             ..OPEN
         });
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 0)));
     }
 
     #[test]
     fn nothing_is_issued_once_the_deadline_passes() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
         // The scripted monotonic clock reads 100 µs more at every look.
         state.open_gate(&Grant {
             deadline_ns: 250_000,
             ..OPEN
         });
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
-        assert_eq!(one(&state, &clock, &lock), Err(Refusal::NotLeased));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
     }
 
     #[test]
     fn a_new_holder_starts_above_the_floor() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
         state.open_gate(&Grant {
             floor_ms: Some(T + 60_000),
             ..OPEN
         });
         assert_eq!(
-            one(&state, &clock, &lock),
-            Err(Refusal::ClockBehind { by_ms: 59_999 })
+            one(&state, &clock, &waiter),
+            Err(Refusal::BelowFloor { by_ms: 59_999 })
         );
         clock.then(&[T + 60_000]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 60_000, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 60_000, 0)));
         // A floor below what was issued changes nothing.
         state.open_gate(&Grant {
             floor_ms: Some(T),
             ..OPEN
         });
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 60_000, 1)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 60_000, 1)));
+    }
+
+    #[test]
+    fn the_status_shows_only_ids_really_issued() {
+        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
+        let clock = ScriptedClock::new(&[T + 1_000]);
+        state.open_gate(&Grant {
+            floor_ms: Some(T + 1_000),
+            ..OPEN
+        });
+        assert_eq!(state.snapshot().last_id, None, "a floor is not an id");
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1_000, 0)));
+        let issued = layout::id_from_stamp(stamp(T + 1_000, 0), 17);
+        assert_eq!(state.snapshot().last_id, Some(issued));
+        // Another worker id, and a floor above: the status keeps the last id issued under 17.
+        state.open_gate(&Grant {
+            worker_id: 3,
+            floor_ms: Some(T + 5_000),
+            ..OPEN
+        });
+        assert_eq!(state.snapshot().last_id, Some(issued));
+        clock.then(&[T + 5_000]);
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 5_000, 0)));
+        assert_eq!(
+            state.snapshot().last_id,
+            Some(layout::id_from_stamp(stamp(T + 5_000, 0), 3))
+        );
+    }
+
+    #[test]
+    fn a_new_worker_id_never_issues_below_an_id_already_issued() {
+        let (state, waiter) = (leased(), CountingWaiter::default());
+        let clock = ScriptedClock::new(&[T]);
+        let run = state.issue(&clock, &waiter, 1, 5).unwrap();
+        let before = layout::id_from_stamp(run.first, run.worker_id);
+        // Worker id 3 sorts below 17 within one millisecond: issuing moves on to the next one.
+        state.open_gate(&Grant {
+            worker_id: 3,
+            ..OPEN
+        });
+        clock.then(&[T, T, T + 1]);
+        let run = state.issue(&clock, &waiter, 1, 5).unwrap();
+        assert_eq!((run.first, run.worker_id), (stamp(T + 1, 0), 3));
+        assert!(layout::id_from_stamp(run.first, run.worker_id) > before);
+        // Renewing the same worker id changes nothing.
+        state.open_gate(&Grant {
+            worker_id: 3,
+            ..OPEN
+        });
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 1)));
+    }
+
+    #[test]
+    fn one_refusal_episode_until_an_id_is_issued() {
+        let (state, waiter) = (leased(), CountingWaiter::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        clock.then(&[T - 100]);
+        let episode = |state: &IssuingState| {
+            state
+                .issue(&clock, &waiter, 1, 5)
+                .unwrap_err()
+                .first_of_episode
+        };
+        assert!(episode(&state));
+        assert!(!episode(&state));
+        assert!(!episode(&state));
+        clock.then(&[T + 1]);
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 0)));
+        clock.then(&[T - 100]);
+        assert!(episode(&state), "a new episode once ids flowed again");
+        state.close_gate(&clock);
+        clock.then(&[T + 2]);
+        assert_eq!(
+            state.issue(&clock, &waiter, 1, 5),
+            Err(Refused {
+                refusal: Refusal::NotLeased,
+                first_of_episode: false
+            }),
+            "lease refusals are not logged from here"
+        );
     }
 
     #[test]
     fn the_gate_carries_the_worker_id() {
-        let (state, lock) = (IssuingState::default(), CountingLock::default());
+        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
         state.open_gate(&Grant {
             worker_id: 1023,
             ..OPEN
         });
         assert_eq!(
-            state.issue(&clock, &lock, 1, 5).map(|run| run.worker_id),
+            state.issue(&clock, &waiter, 1, 5).map(|run| run.worker_id),
             Ok(1023)
         );
     }
 
     #[test]
     fn same_millisecond_takes_the_next_sequence() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 2)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 2)));
         assert_eq!(state.snapshot().ids_issued, 3);
-        assert_eq!(state.snapshot().last_stamp, Some(stamp(T, 2)));
+        assert_eq!(
+            state.snapshot().last_id,
+            Some(layout::id_from_stamp(stamp(T, 2), 17))
+        );
     }
 
     #[test]
     fn forward_jump_starts_the_new_millisecond_at_sequence_zero() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         clock.then(&[T + 3_600_000]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 3_600_000, 0)));
-        assert_eq!(lock.taken.get(), 0);
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 3_600_000, 0)));
+        assert!(waiter.slept.borrow().is_empty());
     }
 
     #[test]
     fn full_millisecond_waits_for_the_next_one() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(
-            state.issue(&clock, &lock, 4096, 5),
+            state.issue(&clock, &waiter, 4096, 5),
             Ok(StampRun {
                 first: stamp(T, 0),
                 count: 4096,
@@ -500,7 +693,7 @@ mod tests {
             })
         );
         clock.then(&[T, T, T, T + 1]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 0)));
         let snapshot = state.snapshot();
         assert_eq!(snapshot.sequence_overflow_waits, 1);
         assert_eq!(snapshot.ids_issued, 4097);
@@ -509,7 +702,8 @@ mod tests {
             0,
             "every scripted reading was used"
         );
-        assert_eq!(lock.taken.get(), 0, "overflow waits take no lock");
+        assert!(waiter.slept.borrow().is_empty(), "overflow waits spin");
+        assert_eq!(waiter.checks.get(), 3, "answering interrupts at every turn");
     }
 
     #[test]
@@ -538,7 +732,7 @@ mod tests {
                 self.clock.monotonic_ns()
             }
         }
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         state.last_stamp.store(stamp(T, 4095), Ordering::Relaxed);
         let readings: Vec<u64> = (0..5).flat_map(|step| [T + step; 100]).collect();
         let clock = Contested {
@@ -547,7 +741,7 @@ mod tests {
             others_until: T + 3,
         };
         assert_eq!(
-            state.issue(&clock, &lock, 1, 5).map(|run| run.first),
+            state.issue(&clock, &waiter, 1, 5).map(|run| run.first),
             Ok(stamp(T + 4, 0))
         );
         assert_eq!(state.snapshot().sequence_overflow_waits, 4);
@@ -555,14 +749,14 @@ mod tests {
 
     #[test]
     fn a_run_never_crosses_into_the_next_millisecond() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(
-            state.issue(&clock, &lock, 4090, 5).map(|run| run.count),
+            state.issue(&clock, &waiter, 4090, 5).map(|run| run.count),
             Ok(4090)
         );
         assert_eq!(
-            state.issue(&clock, &lock, 10, 5),
+            state.issue(&clock, &waiter, 10, 5),
             Ok(StampRun {
                 first: stamp(T, 4090),
                 count: 6,
@@ -572,12 +766,12 @@ mod tests {
     }
 
     #[test]
-    fn small_step_back_is_waited_out_under_the_lock() {
-        let (state, lock) = (leased(), CountingLock::default());
+    fn small_step_back_is_slept_out() {
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         clock.then(&[T - 2, T - 2, T - 1, T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
         let snapshot = state.snapshot();
         assert_eq!(
             (
@@ -586,19 +780,22 @@ mod tests {
             ),
             (1, 0)
         );
-        assert_eq!(lock.taken.get(), 1);
+        assert_eq!(
+            *waiter.slept.borrow(),
+            [Duration::from_millis(2), Duration::from_millis(1)]
+        );
     }
 
     #[test]
     fn step_back_of_exactly_the_limit_is_waited_one_more_is_refused() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         clock.then(&[T - 5, T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 1)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
         clock.then(&[T - 6]);
         assert_eq!(
-            one(&state, &clock, &lock),
+            one(&state, &clock, &waiter),
             Err(Refusal::ClockBehind { by_ms: 6 })
         );
         let snapshot = state.snapshot();
@@ -609,71 +806,72 @@ mod tests {
             ),
             (1, 1)
         );
-        assert_eq!(
-            lock.taken.get(),
-            1,
-            "a refusal does not wait, so takes no lock"
+        assert!(
+            waiter.slept.borrow().is_empty(),
+            "the clock had caught up when read again, and a refusal does not wait"
         );
     }
 
     #[test]
     fn large_step_back_is_refused_until_the_clock_returns() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         clock.then(&[T - 10_000]);
         assert_eq!(
-            one(&state, &clock, &lock),
+            one(&state, &clock, &waiter),
             Err(Refusal::ClockBehind { by_ms: 10_000 })
         );
         assert_eq!(
-            one(&state, &clock, &lock),
+            one(&state, &clock, &waiter),
             Err(Refusal::ClockBehind { by_ms: 10_000 })
         );
         assert_eq!(state.snapshot().ids_issued, 1);
         clock.then(&[T + 1]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T + 1, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 0)));
         assert_eq!(state.snapshot().clock_backward_refusals, 2);
     }
 
     #[test]
     fn clock_falling_further_back_during_a_wait_is_refused() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &lock), Ok(stamp(T, 0)));
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         clock.then(&[T - 1, T - 1, T - 9]);
         assert_eq!(
-            one(&state, &clock, &lock),
+            one(&state, &clock, &waiter),
             Err(Refusal::ClockBehind { by_ms: 9 })
         );
     }
 
     #[test]
     fn zero_tolerance_refuses_any_step_back() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(
-            state.issue(&clock, &lock, 1, 0).map(|run| run.first),
+            state.issue(&clock, &waiter, 1, 0).map(|run| run.first),
             Ok(stamp(T, 0))
         );
         clock.then(&[T - 1]);
         assert_eq!(
-            state.issue(&clock, &lock, 1, 0),
+            state
+                .issue(&clock, &waiter, 1, 0)
+                .map_err(|refused| refused.refusal),
             Err(Refusal::ClockBehind { by_ms: 1 })
         );
     }
 
     #[test]
     fn a_stuck_clock_is_refused_not_spun_on_forever() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(
-            state.issue(&clock, &lock, 4096, 5).map(|run| run.count),
+            state.issue(&clock, &waiter, 4096, 5).map(|run| run.count),
             Ok(4096)
         );
         // The monotonic clock moves 100 µs a look: each wait lasts its limit, 15 ms, and no more.
         assert_eq!(
-            one(&state, &clock, &lock),
+            one(&state, &clock, &waiter),
             Err(Refusal::ClockStalled { waited_ms: 15 })
         );
         let after_first = Duration::from_nanos(clock.monotonic_ns());
@@ -682,7 +880,7 @@ mod tests {
         );
         clock.then(&[T - 3]);
         assert_eq!(
-            one(&state, &clock, &lock),
+            one(&state, &clock, &waiter),
             Err(Refusal::ClockBehind { by_ms: 3 })
         );
         let second = Duration::from_nanos(clock.monotonic_ns()) - after_first;
@@ -691,7 +889,7 @@ mod tests {
 
     #[test]
     fn clock_outside_the_layout_is_refused() {
-        let (state, lock) = (leased(), CountingLock::default());
+        let (state, waiter) = (leased(), CountingWaiter::default());
         struct Fixed(i64);
         impl Clock for Fixed {
             fn unix_millis(&self) -> i64 {
@@ -702,25 +900,30 @@ mod tests {
             }
         }
         assert_eq!(
-            state.issue(&Fixed(EPOCH_UNIX_MS - 1), &lock, 1, 5),
+            state
+                .issue(&Fixed(EPOCH_UNIX_MS - 1), &waiter, 1, 5)
+                .map_err(|refused| refused.refusal),
             Err(Refusal::ClockOutOfRange(TimestampOutOfRange::BeforeEpoch))
         );
         assert_eq!(
-            state.issue(&Fixed(EPOCH_UNIX_MS + MAX_MILLIS as i64 + 1), &lock, 1, 5),
+            state
+                .issue(&Fixed(EPOCH_UNIX_MS + MAX_MILLIS as i64 + 1), &waiter, 1, 5)
+                .map_err(|refused| refused.refusal),
             Err(Refusal::ClockOutOfRange(
                 TimestampOutOfRange::AfterLastMillisecond
             ))
         );
-        assert_eq!(state.snapshot().last_stamp, None);
+        assert_eq!(state.snapshot().last_id, None);
     }
 
     #[test]
     fn threads_sharing_one_state_never_repeat_a_stamp() {
-        struct NoLock;
-        impl SlowPathLock for NoLock {
-            fn exclusive<R>(&self, wait: impl FnOnce() -> R) -> R {
-                wait()
+        struct Sleeper;
+        impl Waiter for Sleeper {
+            fn sleep(&self, duration: Duration) {
+                std::thread::sleep(duration);
             }
+            fn check_interrupts(&self) {}
         }
         let state = leased();
         let per_thread: Vec<Vec<u64>> = std::thread::scope(|scope| {
@@ -728,7 +931,7 @@ mod tests {
                 .map(|_| {
                     scope.spawn(|| {
                         (0..50_000)
-                            .map(|_| state.issue(&SystemClock, &NoLock, 1, 5).unwrap().first)
+                            .map(|_| state.issue(&SystemClock, &Sleeper, 1, 5).unwrap().first)
                             .collect()
                     })
                 })
@@ -755,14 +958,14 @@ mod tests {
         fn stamps_increase_and_never_borrow_time(
             steps in proptest::collection::vec((-8i64..40, 1u32..5000), 1..200)
         ) {
-            let (state, lock) = (leased(), CountingLock::default());
+            let (state, waiter) = (leased(), CountingWaiter::default());
             let clock = ScriptedClock::new(&[T]);
             let mut reading = T as i64;
             let mut last_issued = 0;
             for (delta, wanted) in steps {
                 reading += delta;
                 clock.then(&[reading as u64]);
-                match state.issue(&clock, &lock, wanted.min(4096), 5) {
+                match state.issue(&clock, &waiter, wanted.min(4096), 5).map_err(|refused| refused.refusal) {
                     Ok(run) => {
                         prop_assert!(run.first > last_issued);
                         prop_assert!(run.count >= 1 && run.count <= wanted.min(4096));

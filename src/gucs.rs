@@ -2,7 +2,7 @@
 //! configuration (postgresql.conf or ALTER SYSTEM), never with `SET`.
 
 use crate::layout::MAX_WORKER_ID;
-use crate::lease::Timing;
+use crate::lease::{Timing, LOCAL_CEILING_LEAD, REMOTE_CEILING_LEAD};
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
 use std::time::Duration;
@@ -99,6 +99,10 @@ pub fn max_clock_backward_ms() -> u64 {
 pub fn lease_timing() -> Timing {
     Timing {
         ttl: Duration::from_secs(LEASE_TTL_S.get().unsigned_abs().into()),
+        ceiling_lead: match registry() {
+            None => LOCAL_CEILING_LEAD,
+            Some(_) => REMOTE_CEILING_LEAD,
+        },
     }
 }
 

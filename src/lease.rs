@@ -13,16 +13,34 @@
 //!   its lease could not repeat an id of the next one.
 //!
 //! A clean shutdown releases the row and lowers the mark to just above the last id really issued, so
-//! a restarted server issues at once. After a crash the mark stays, and the restarted server waits
-//! until its clock passes it: at most one time-to-live.
+//! a restarted server issues at once. After a crash the mark stays; the restarted server starts above
+//! the ceiling it recorded in its own data directory (see `ceiling`) when the row shows that nobody
+//! else held the worker id since, and above the mark otherwise.
+//!
+//! **Who may take a row.** A free row (never used, or released) is anyone's. A row held by this
+//! server is taken back at once, by a new run of it too. A row held by another server is taken once
+//! its lease expired, but only from a shared registry: a registry inside this server's own data
+//! directory cannot see another server's renewals (the other may be the original of which this
+//! data directory is a copy), so such a row waits for its holder to release it or for an operator
+//! to hand it over (`snowid_handover`).
 
+use crate::layout;
 use std::time::Duration;
 
-/// The timing of the lease, derived from the one setting `snowid.lease_ttl`.
+/// The timing of the lease, derived from `snowid.lease_ttl` and where the registry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
     pub ttl: Duration,
+    /// How far ahead of the clock the ceiling recorded in the data directory runs: longer than the
+    /// worker's longest registry call, so that issuing never waits for the worker, and short, since
+    /// a server restarted after a crash waits until its clock passes it.
+    pub ceiling_lead: Duration,
 }
+
+/// The ceiling's lead with the registry on this server, whose calls the worker bounds to 500 ms.
+pub const LOCAL_CEILING_LEAD: Duration = Duration::from_secs(1);
+/// The ceiling's lead with a remote registry, whose connect and call take up to 2 s each.
+pub const REMOTE_CEILING_LEAD: Duration = Duration::from_secs(5);
 
 impl Timing {
     pub fn renew_every(&self) -> Duration {
@@ -42,6 +60,16 @@ impl Timing {
     /// How soon to try again after a refused or failed claim.
     pub fn retry_every(&self) -> Duration {
         Duration::from_secs(1).min(self.renew_every())
+    }
+
+    /// The ceiling is moved on once less than this is left of its lead.
+    pub fn ceiling_refresh_below(&self) -> Duration {
+        self.ceiling_lead / 2
+    }
+
+    /// How often the worker wakes to move the ceiling on.
+    pub fn ceiling_check_every(&self) -> Duration {
+        self.ceiling_lead / 4
     }
 }
 
@@ -122,9 +150,18 @@ pub struct Status {
     /// Since when the registry has been failing.
     pub unreachable_since: i64,
     pub last_error: Text<256>,
+    /// The row is held by a server whose renewals this server cannot see: only a release or
+    /// `snowid_handover` frees it.
+    pub handover_needed: bool,
     /// A random number drawn when the server's shared memory was set up: with the server's name it
     /// tells this run of the server from an earlier one and from a copy.
     pub incarnation: u64,
+    /// When the lease worker last started unplanned (CLOCK_MONOTONIC ns; 0: never, or planned), so
+    /// that a worker failing at once is restarted at most once a second.
+    pub worker_started_ns: u64,
+    /// Set while the worker connects to `snowid.database`: still set at the next start, the
+    /// connection failed (the database is missing), and the worker checks before connecting again.
+    pub connect_pending: bool,
 }
 
 /// Why an id was refused, for a server whose gate is closed. `worker_id` is `None` for a server that
@@ -139,6 +176,10 @@ pub fn refusal_reason(status: &Status, worker_id: Option<u16>) -> String {
     };
     match status.state {
         State::Starting => format!("the lease on {worker_id} is not acquired yet{because}"),
+        State::HeldByOther if status.handover_needed => format!(
+            "{worker_id} is held by {}, another server that has not released it",
+            status.holder.as_str()
+        ),
         State::HeldByOther => format!(
             "{worker_id} is leased by another server, {}, until {}",
             status.holder.as_str(),
@@ -150,6 +191,17 @@ pub fn refusal_reason(status: &Status, worker_id: Option<u16>) -> String {
         ),
         State::Held => format!("the lease on {worker_id} expired without being renewed"),
         State::Released => format!("the lease on {worker_id} was released: the server is shutting down"),
+    }
+}
+
+/// What the operator can do about a refusal for a closed gate.
+pub fn refusal_hint(status: &Status, worker_id: Option<u16>) -> String {
+    match (status.state, worker_id) {
+        (State::HeldByOther, Some(worker_id)) if status.handover_needed => format!(
+            "Give this server another snowid.worker_id and restart it, or, once {} is stopped for good, run SELECT snowid_handover({worker_id}) on this server.",
+            status.holder.as_str()
+        ),
+        _ => "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.".into(),
     }
 }
 
@@ -185,39 +237,63 @@ pub fn format_unix_ms(unix_ms: i64) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// The lease is this server's. `floor_ms` is set when it is newly acquired: the row's
-    /// high-water mark, above which this holder's ids start.
+    /// high-water mark, above which this holder's ids start. `continued` says that this server
+    /// held the row last, so that nobody else issued under the worker id since.
     Granted {
         floor_ms: Option<u64>,
         reserved_until_ms: u64,
         expires_at: i64,
+        continued: bool,
     },
     HeldByOther {
         holder: String,
         expires_at: i64,
     },
+    /// The row's high-water mark lies beyond the last millisecond ids can hold: the worker id is
+    /// spent, and issuing under it could only wrap around.
+    MarkBeyondLayout {
+        high_water_ms: u64,
+    },
 }
 
-/// Reads the row that `CLAIM_SQL` returns.
-pub fn claim_from_row(
-    granted: Option<bool>,
-    floor_ms: Option<i64>,
-    reserved_until_ms: Option<i64>,
-    holder: Option<String>,
-    expires_at: Option<i64>,
-) -> Claim {
-    let expires_at = expires_at.unwrap_or(0);
-    if granted == Some(true) {
-        Claim::Granted {
-            floor_ms: floor_ms.map(|floor| floor.max(0) as u64),
-            reserved_until_ms: reserved_until_ms.unwrap_or(0).max(0) as u64,
-            expires_at,
+/// One row that `CLAIM_SQL` or `CLAIM_ANY_SQL` returns, as read.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimRow {
+    pub worker_id: Option<i32>,
+    pub granted: Option<bool>,
+    pub floor_ms: Option<i64>,
+    pub reserved_until_ms: Option<i64>,
+    pub holder_name: Option<String>,
+    pub expires_at_unix_ms: Option<i64>,
+    pub continued: Option<bool>,
+}
+
+impl ClaimRow {
+    pub fn claim(self) -> Claim {
+        let expires_at = self.expires_at_unix_ms.unwrap_or(0);
+        if self.granted != Some(true) {
+            return Claim::HeldByOther {
+                holder: self.holder_name.unwrap_or_default(),
+                expires_at,
+            };
         }
-    } else {
-        Claim::HeldByOther {
-            holder: holder.unwrap_or_default(),
-            expires_at,
+        let floor_ms = self.floor_ms.map(|floor| floor.max(0) as u64);
+        match floor_ms.filter(|&floor| floor > layout::MAX_MILLIS + 1) {
+            Some(high_water_ms) => Claim::MarkBeyondLayout { high_water_ms },
+            None => Claim::Granted {
+                floor_ms,
+                reserved_until_ms: self.reserved_until_ms.unwrap_or(0).max(0) as u64,
+                expires_at,
+                continued: self.continued == Some(true),
+            },
         }
     }
+}
+
+/// Whether the postmaster is shutting down, from the text of its `postmaster.pid`, whose eighth
+/// line it sets to `stopping` before it asks its children to exit.
+pub fn postmaster_stopping(pid_file: &str) -> bool {
+    pid_file.lines().nth(7).map(str::trim) == Some("stopping")
 }
 
 /// FNV-1a, a small hash that is the same on every machine and every run.
@@ -228,23 +304,24 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// Claims (acquires or renews) a worker id's lease. Parameters: worker id, holder, incarnation,
-/// holder's name, time-to-live in ms, reservation in ms since the snowid epoch. One row: worker id,
-/// granted, floor_ms, reserved_until_ms, holder_name, expires_at in Unix ms.
+/// holder's name, time-to-live in ms, reservation in ms since the snowid epoch, whether an expired
+/// lease of another holder may be taken. One row, read as a [`ClaimRow`].
 pub const CLAIM_SQL: &str =
-    "SELECT $1::integer, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms \
-     FROM snowid.lease_claim($1, $2, $3, $4, $5, $6)";
+    "SELECT $1::integer, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, continued \
+     FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7)";
 
 /// Claims a lease on any free worker id. Parameters and row: as `CLAIM_SQL` without the worker id
 /// parameter.
 pub const CLAIM_ANY_SQL: &str =
-    "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms \
-     FROM snowid.lease_claim_any($1, $2, $3, $4, $5)";
+    "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, continued \
+     FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6)";
 
 /// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark.
 pub const RELEASE_SQL: &str = "SELECT snowid.lease_release($1, $2, $3, $4)";
 
-/// Whether the registry database has the lease functions (the extension, at 0.2.0 or later).
-pub const READY_SQL: &str = "SELECT to_regproc('snowid.lease_claim') IS NOT NULL";
+/// Whether the registry database has the lease functions (the extension, at 0.3.0 or later).
+pub const READY_SQL: &str = "SELECT pg_catalog.to_regprocedure(\
+     'snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean)') IS NOT NULL";
 
 #[cfg(test)]
 mod tests {
@@ -254,57 +331,101 @@ mod tests {
     fn default_timing_is_thirty_ten_and_five_seconds() {
         let timing = Timing {
             ttl: Duration::from_secs(30),
+            ceiling_lead: LOCAL_CEILING_LEAD,
         };
         assert_eq!(timing.renew_every(), Duration::from_secs(10));
         assert_eq!(timing.stop_margin(), Duration::from_secs(5));
         assert_eq!(timing.issuing_window(), Duration::from_secs(25));
         assert_eq!(timing.retry_every(), Duration::from_secs(1));
+        assert_eq!(timing.ceiling_refresh_below(), Duration::from_millis(500));
+        assert_eq!(timing.ceiling_check_every(), Duration::from_millis(250));
         assert_eq!(
             Timing {
-                ttl: Duration::from_secs(3)
+                ttl: Duration::from_secs(3),
+                ceiling_lead: REMOTE_CEILING_LEAD,
             }
             .retry_every(),
             Duration::from_secs(1)
         );
     }
 
+    fn granted_row(floor_ms: Option<i64>, continued: bool) -> ClaimRow {
+        ClaimRow {
+            worker_id: Some(5),
+            granted: Some(true),
+            floor_ms,
+            reserved_until_ms: Some(30_500),
+            holder_name: Some("a:5432".into()),
+            expires_at_unix_ms: Some(9),
+            continued: Some(continued),
+        }
+    }
+
     #[test]
     fn registry_rows_become_claims() {
         assert_eq!(
-            claim_from_row(
-                Some(true),
-                Some(500),
-                Some(30_500),
-                Some("a:5432".into()),
-                Some(9)
-            ),
+            granted_row(Some(500), false).claim(),
             Claim::Granted {
                 floor_ms: Some(500),
                 reserved_until_ms: 30_500,
-                expires_at: 9
+                expires_at: 9,
+                continued: false
             }
         );
         assert_eq!(
-            claim_from_row(
-                Some(true),
-                None,
-                Some(30_500),
-                Some("a:5432".into()),
-                Some(9)
-            ),
+            granted_row(None, true).claim(),
             Claim::Granted {
                 floor_ms: None,
                 reserved_until_ms: 30_500,
-                expires_at: 9
+                expires_at: 9,
+                continued: true
             }
         );
+        let refused = ClaimRow {
+            granted: Some(false),
+            holder_name: Some("b:5433".into()),
+            expires_at_unix_ms: Some(9),
+            ..ClaimRow::default()
+        };
         assert_eq!(
-            claim_from_row(Some(false), None, None, Some("b:5433".into()), Some(9)),
+            refused.claim(),
             Claim::HeldByOther {
                 holder: "b:5433".into(),
                 expires_at: 9
             }
         );
+    }
+
+    #[test]
+    fn a_mark_beyond_the_layout_is_refused_not_wrapped() {
+        let last_ms = layout::MAX_MILLIS as i64;
+        assert!(matches!(
+            granted_row(Some(last_ms + 1), false).claim(),
+            Claim::Granted { floor_ms: Some(floor), .. } if floor == layout::MAX_MILLIS + 1
+        ));
+        assert_eq!(
+            granted_row(Some(last_ms + 2), false).claim(),
+            Claim::MarkBeyondLayout {
+                high_water_ms: layout::MAX_MILLIS + 2
+            }
+        );
+        assert_eq!(
+            granted_row(Some(i64::MAX), true).claim(),
+            Claim::MarkBeyondLayout {
+                high_water_ms: i64::MAX as u64
+            }
+        );
+    }
+
+    #[test]
+    fn the_postmaster_pid_file_tells_a_shutdown() {
+        let running = "4242\n/var/lib/postgresql/15/main\n1795953600\n5432\n/run/postgresql\n*\n  5432001         0\nready   \n";
+        assert!(!postmaster_stopping(running));
+        assert!(postmaster_stopping(
+            &running.replace("ready   ", "stopping")
+        ));
+        assert!(!postmaster_stopping("4242\n"));
+        assert!(!postmaster_stopping(""));
     }
 
     #[test]
@@ -370,6 +491,30 @@ mod tests {
         assert_eq!(
             refusal_reason(&status, Some(7)),
             "the lease on worker id 7 expired without being renewed"
+        );
+        assert_eq!(
+            refusal_hint(&status, Some(7)),
+            "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."
+        );
+    }
+
+    #[test]
+    fn a_row_that_needs_a_handover_says_how() {
+        let status = Status {
+            state: State::HeldByOther,
+            worker_id: Some(5),
+            holder: Text::new("node1:5433"),
+            expires_at: 1_795_953_600_123,
+            handover_needed: true,
+            ..Status::default()
+        };
+        assert_eq!(
+            refusal_reason(&status, Some(5)),
+            "worker id 5 is held by node1:5433, another server that has not released it"
+        );
+        assert_eq!(
+            refusal_hint(&status, Some(5)),
+            "Give this server another snowid.worker_id and restart it, or, once node1:5433 is stopped for good, run SELECT snowid_handover(5) on this server."
         );
     }
 }

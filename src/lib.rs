@@ -1,9 +1,11 @@
 //! snowid: unique, roughly time-ordered 64-bit ids made inside PostgreSQL.
 //!
-//! `layout`, `generator` and `lease` hold the logic in plain Rust; `shmem` is the only module that
-//! talks to the server through raw FFI; `gucs`, `errors`, `api` and `worker` are thin pgrx glue.
+//! `layout`, `generator`, `lease` and `ceiling` hold the logic in plain Rust; `shmem` is the only
+//! module that talks to the server through raw FFI; `gucs`, `errors`, `api` and `worker` are thin
+//! pgrx glue.
 
 mod api;
+mod ceiling;
 mod errors;
 mod generator;
 mod gucs;

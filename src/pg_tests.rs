@@ -203,6 +203,7 @@ mod tests {
         let expected = [
             "snowid_decode(id bigint, OUT created_at timestamp with time zone, OUT worker_id integer, OUT sequence integer) -> record",
             "snowid_from_timestamp(ts timestamp with time zone) -> bigint",
+            "snowid_handover(worker_id integer) -> text",
             "snowid_next() -> bigint",
             "snowid_next_batch(count integer) -> SETOF bigint",
             "snowid_sequence(id bigint) -> integer",
@@ -385,12 +386,92 @@ mod tests {
             );
         }
         assert_eq!(
-            error_of("SELECT snowid.lease_claim(5, 'me', 'now', 'me:1', 30000, 0)"),
+            error_of("SELECT snowid.lease_claim(5, 'me', 'now', 'me:1', 30000, 0, true)"),
             "42501: permission denied for function lease_claim"
         );
         assert_eq!(
             error_of("SELECT snowid.lease_release(17, 'me', 'now', 0)"),
             "42501: permission denied for function lease_release"
+        );
+        assert_eq!(
+            error_of("SELECT snowid_handover(17)"),
+            "42501: permission denied for function snowid_handover"
+        );
+    }
+
+    #[pg_test]
+    fn members_of_pg_write_all_data_cannot_write_the_lease_table() {
+        Spi::run(
+            "CREATE ROLE snowid_writer IN ROLE pg_write_all_data; SET LOCAL ROLE snowid_writer",
+        )
+        .unwrap();
+        for statement in [
+            "INSERT INTO snowid.worker_lease (worker_id) VALUES (5)",
+            "UPDATE snowid.worker_lease SET high_water_ms = 0",
+            "DELETE FROM snowid.worker_lease",
+        ] {
+            assert_eq!(
+                error_of(statement),
+                "42501: permission denied to change snowid.worker_lease: only the snowid lease functions and superusers may",
+                "{statement}"
+            );
+        }
+        assert_eq!(
+            error_of("TRUNCATE snowid.worker_lease"),
+            "42501: permission denied for table worker_lease"
+        );
+    }
+
+    #[pg_test]
+    fn handover_frees_a_row_and_keeps_its_mark() {
+        Spi::run(
+            "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, holder_name, expires_at, high_water_ms)
+             VALUES (900, 'gone', 'run', 'old-primary:5432', clock_timestamp() + interval '1 hour', 28728000000)",
+        )
+        .unwrap();
+        assert_eq!(
+            Spi::get_one::<String>("SELECT snowid_handover(900)").unwrap(),
+            Some("old-primary:5432".into())
+        );
+        assert_eq!(
+            Spi::get_three::<String, i64, bool>(
+                "SELECT coalesce(holder, 'free'), high_water_ms, expires_at IS NULL FROM snowid.worker_lease WHERE worker_id = 900"
+            )
+            .unwrap(),
+            (Some("free".into()), Some(28_728_000_000), Some(true))
+        );
+        assert_eq!(
+            Spi::get_one::<String>("SELECT snowid_handover(900)").unwrap(),
+            None
+        );
+        assert_eq!(
+            Spi::get_one::<String>("SELECT snowid_handover(901)").unwrap(),
+            None
+        );
+        assert_eq!(
+            Spi::get_one::<String>("SELECT snowid_handover(NULL)").unwrap(),
+            None
+        );
+        for (worker_id, shown) in [("1024", "1024"), ("-1", "-1")] {
+            assert_eq!(
+                error_of(&format!("SELECT snowid_handover({worker_id})")),
+                format!("22023: worker id must be between 0 and 1023, not {shown}")
+            );
+        }
+    }
+
+    #[pg_test]
+    fn pg_dump_keeps_the_lease_rows() {
+        assert!(one::<bool>(
+            "SELECT 'snowid.worker_lease'::regclass = ANY (extconfig) FROM pg_extension WHERE extname = 'snowid'"
+        ));
+    }
+
+    #[pg_test]
+    fn high_water_marks_stay_within_the_layout() {
+        assert_eq!(
+            error_of("INSERT INTO snowid.worker_lease (worker_id, high_water_ms) VALUES (901, 2199023255553)"),
+            "23514: new row for relation \"worker_lease\" violates check constraint \"worker_lease_high_water_ms_check\""
         );
     }
 }

@@ -7,23 +7,22 @@
 //!
 //! - `ISSUING`, the [`IssuingState`]: the last stamp issued, the lease gate and the counters, all
 //!   atomics. Issuing an id takes no lock: a backend checks the gate and claims its stamps with one
-//!   compare-and-swap on the last stamp (see `generator`), so backends never wait for each other,
-//!   and a backend waiting for the next millisecond holds nothing that others need. The lease worker
-//!   opens and closes the gate with plain atomic stores.
+//!   compare-and-swap on the last stamp (see `generator`), so backends never wait for each other.
+//!   A backend that waits (for the next millisecond, or for a clock that stepped back a little)
+//!   holds nothing: it spins or sleeps on its own latch, answering cancel, timeouts and termination.
+//!   The lease worker opens and closes the gate with plain atomic stores.
 //! - `LOCK`, the LWLock named `snowid`, guarding the lease [`Status`]: the lease worker takes it
 //!   exclusively to record what the registry said; a backend takes it shared to explain a refusal
-//!   or to report `snowid_status()`. A backend that finds the clock behind the last stamp also takes
-//!   it exclusively for as long as it waits for the clock to catch up (at most
-//!   `snowid.max_clock_backward` plus a few milliseconds), so that other such backends queue on the
-//!   lock asleep instead of all spinning on the clock. The lock is never taken on the fast path, never
-//!   held across I/O, and never held while raising an error: the guard is dropped before.
+//!   or to report `snowid_status()`. It is held only to copy the status in or out: never on the
+//!   fast path, never across I/O or a wait, and never while raising an error.
 
-use crate::generator::{IssuingState, SlowPathLock};
+use crate::generator::{IssuingState, Waiter};
 use crate::lease::Status;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic, PgLwLock};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 // SAFETY: IssuingState is a plain struct of atomics with no pointers, valid when zeroed and safe to
 // use from any number of processes at once.
@@ -64,14 +63,61 @@ pub fn issuing_state() -> Option<&'static IssuingState> {
     PRELOADED.load(Ordering::Relaxed).then(|| ISSUING.get())
 }
 
-/// Serialises waits for a clock that stepped back on the `snowid` LWLock.
-pub struct SlowPath;
+/// Waits of a backend: on its latch, ending the statement on cancel, timeout or termination.
+pub struct LatchWaiter;
 
-impl SlowPathLock for SlowPath {
-    fn exclusive<R>(&self, wait: impl FnOnce() -> R) -> R {
-        let _guard = LOCK.exclusive();
-        wait()
+impl Waiter for LatchWaiter {
+    fn sleep(&self, duration: Duration) {
+        let timeout_ms = duration.as_millis().clamp(1, 10_000) as std::ffi::c_long;
+        // SAFETY: MyLatch is this process's own latch, set up before any SQL function runs; the
+        // wait returns on timeout, on a set latch (signals such as cancel and timeouts set it) or
+        // exits the process if the postmaster dies.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                timeout_ms,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
     }
+
+    fn check_interrupts(&self) {
+        pgrx::check_for_interrupts!();
+    }
+}
+
+/// Whether this server is replaying WAL: a standby, or a server still recovering.
+pub fn in_recovery() -> bool {
+    // SAFETY: RecoveryInProgress only reads shared state the startup process maintains.
+    unsafe { pg_sys::RecoveryInProgress() }
+}
+
+/// Whether the postmaster was started by pg_upgrade, which must find the lease table untouched.
+pub fn in_binary_upgrade() -> bool {
+    // SAFETY: a plain read of a flag set once from the command line, before libraries load.
+    unsafe { pg_sys::IsBinaryUpgrade }
+}
+
+/// Whether a database of this name exists; inside a transaction of a process connected to no
+/// database or any.
+pub fn database_exists(name: &str) -> bool {
+    let Ok(name) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: the caller runs this inside a transaction, as catalog lookups require; the name is
+    // a NUL-terminated string that outlives the call.
+    unsafe { pg_sys::get_database_oid(name.as_ptr(), true) != pg_sys::InvalidOid }
+}
+
+/// Ends this process with exit status 1, which makes the postmaster start the lease worker again;
+/// status 0, a plain return, would unregister it.
+pub fn exit_for_restart() -> ! {
+    // SAFETY: proc_exit runs the process's exit callbacks and never returns; the lease worker calls
+    // it outside any transaction, holding no lock.
+    unsafe { pg_sys::proc_exit(1) }
 }
 
 /// The lease as the lease worker last recorded it. Only call when preloaded.
@@ -79,8 +125,8 @@ pub fn lease_status() -> Status {
     *LOCK.share()
 }
 
-pub fn update_lease_status(update: impl FnOnce(&mut Status)) {
-    update(&mut LOCK.exclusive());
+pub fn update_lease_status<R>(update: impl FnOnce(&mut Status) -> R) -> R {
+    update(&mut LOCK.exclusive())
 }
 
 /// A number that differs between runs of the server: the hasher's keys come from the operating

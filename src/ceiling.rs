@@ -1,0 +1,119 @@
+//! The ceiling: a durable record, in the data directory, of a millisecond that every id this server
+//! issued under a worker id is below.
+//!
+//! The lease's reservation in the registry runs a whole time-to-live ahead of the clock, so a server
+//! restarted after a crash that started above it would wait up to that long. The lease worker keeps
+//! a second bound, the ceiling, at most `Timing::ceiling_lead` ahead of the clock: it writes the file
+//! (and makes it durable) before it lets ids through below the new value. A restarted server that
+//! finds its own ceiling, for the worker id it held last, starts above the ceiling instead of the
+//! reservation.
+//!
+//! The file names the holder that wrote it. A copy of the data directory is another holder (see
+//! `worker::Claimant`), so a copy never takes the original's ceiling for its own.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub const FILE_NAME: &str = "snowid.ceiling";
+const HEADER: &str = "snowid ceiling 1";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ceiling {
+    pub holder: String,
+    pub worker_id: u16,
+    /// Milliseconds since the snowid epoch; every id issued is below.
+    pub below_ms: u64,
+}
+
+impl Ceiling {
+    fn to_text(&self) -> String {
+        format!(
+            "{HEADER}\nholder {}\nworker_id {}\nbelow_ms {}\n",
+            self.holder, self.worker_id, self.below_ms
+        )
+    }
+
+    /// Reads a ceiling back; anything not written whole by [`Ceiling::to_text`] is `None`.
+    fn from_text(text: &str) -> Option<Ceiling> {
+        // A file cut short ends without its last newline.
+        let mut lines = text.strip_suffix('\n')?.split('\n');
+        (lines.next()? == HEADER).then_some(())?;
+        let holder = lines.next()?.strip_prefix("holder ")?.to_string();
+        let worker_id = lines.next()?.strip_prefix("worker_id ")?.parse().ok()?;
+        let below_ms = lines.next()?.strip_prefix("below_ms ")?.parse().ok()?;
+        lines.next().is_none().then_some(Ceiling {
+            holder,
+            worker_id,
+            below_ms,
+        })
+    }
+
+    /// The ceiling recorded in `data_directory`, if there is a readable one.
+    pub fn read(data_directory: &Path) -> Option<Ceiling> {
+        let text = fs::read_to_string(data_directory.join(FILE_NAME)).ok()?;
+        Ceiling::from_text(&text)
+    }
+
+    /// Replaces the file atomically and durably: a crash leaves the old ceiling or the new one.
+    pub fn write(&self, data_directory: &Path) -> std::io::Result<()> {
+        let temporary: PathBuf = data_directory.join(format!("{FILE_NAME}.tmp"));
+        let mut file = File::create(&temporary)?;
+        file.write_all(self.to_text().as_bytes())?;
+        file.sync_all()?;
+        fs::rename(&temporary, data_directory.join(FILE_NAME))?;
+        File::open(data_directory)?.sync_all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ceiling() -> Ceiling {
+        Ceiling {
+            holder: "7312345678901234567-00ff00ff00ff00ff".into(),
+            worker_id: 5,
+            below_ms: 28_728_000_123,
+        }
+    }
+
+    #[test]
+    fn text_round_trips() {
+        let text = ceiling().to_text();
+        assert_eq!(
+            text,
+            "snowid ceiling 1\nholder 7312345678901234567-00ff00ff00ff00ff\nworker_id 5\nbelow_ms 28728000123\n"
+        );
+        assert_eq!(Ceiling::from_text(&text), Some(ceiling()));
+    }
+
+    #[test]
+    fn anything_else_is_no_ceiling() {
+        let text = ceiling().to_text();
+        assert_eq!(Ceiling::from_text(""), None);
+        assert_eq!(Ceiling::from_text(&text[..text.len() - 5]), None);
+        assert_eq!(
+            Ceiling::from_text(&text.replace("ceiling 1", "ceiling 2")),
+            None
+        );
+        assert_eq!(Ceiling::from_text(&text.replace("5\n", "1024x\n")), None);
+        assert_eq!(Ceiling::from_text(&format!("{text}more\n")), None);
+    }
+
+    #[test]
+    fn written_files_read_back() {
+        let directory = std::env::temp_dir().join(format!("snowid-ceiling-{}", std::process::id()));
+        fs::create_dir_all(&directory).unwrap();
+        assert_eq!(Ceiling::read(&directory), None);
+        ceiling().write(&directory).unwrap();
+        let later = Ceiling {
+            below_ms: 28_728_001_000,
+            ..ceiling()
+        };
+        later.write(&directory).unwrap();
+        assert_eq!(Ceiling::read(&directory), Some(later));
+        assert!(!directory.join("snowid.ceiling.tmp").exists());
+        fs::remove_dir_all(&directory).unwrap();
+    }
+}
