@@ -1,9 +1,10 @@
 //! Throwaway PostgreSQL 15 clusters for snowid's integration tests.
 //!
-//! Each [`Cluster`] is a fresh `initdb` on a free loopback port, run as the `postgres` user when the
-//! tests run as root (PostgreSQL refuses to run as root), and is stopped and deleted when dropped,
-//! also when a test fails. The snowid extension must already be installed into the server that
-//! `PG_CONFIG` (default `/usr/lib/postgresql/15/bin/pg_config`) describes.
+//! Each [`Cluster`] is a fresh `initdb` on a free loopback port, or a copy of another one made with
+//! `pg_basebackup`, run as the `postgres` user when the tests run as root (PostgreSQL refuses to run
+//! as root), and is stopped and deleted when dropped, also when a test fails. The snowid extension
+//! must already be installed into the server that `PG_CONFIG` (default
+//! `/usr/lib/postgresql/15/bin/pg_config`) describes.
 
 use postgres::{Client, NoTls};
 use std::fs;
@@ -15,6 +16,8 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 pub struct Cluster {
     pub port: u16,
+    /// Where clients connect: 127.0.0.1, or the directory of the server's unix socket.
+    host: String,
     dir: PathBuf,
     bindir: PathBuf,
     clock_offset_file: Option<PathBuf>,
@@ -39,6 +42,7 @@ impl Cluster {
         let bindir = PathBuf::from(pg_config("--bindir"));
         let mut cluster = Cluster {
             port,
+            host: "127.0.0.1".into(),
             dir,
             bindir,
             clock_offset_file: None,
@@ -83,34 +87,193 @@ impl Cluster {
     /// A physical copy of this running cluster (pg_basebackup), started on a port of its own: same
     /// system identifier, same settings, other data directory and port.
     pub fn physical_copy(&self, name: &str) -> Cluster {
+        let copy = self.base_backup(name, &[]);
+        copy.pg_ctl("start");
+        copy
+    }
+
+    /// A hot standby of this running cluster, streaming its WAL (`pg_basebackup -R`), started on a
+    /// port of its own; it accepts read-only connections once `standby_of` returns.
+    pub fn standby_of(&self, name: &str) -> Cluster {
+        let standby = self.base_backup(name, &["-R"]);
+        standby.pg_ctl("start");
+        standby
+    }
+
+    /// A physical copy of this running cluster started at this cluster's own place: the same host
+    /// name, port, data directory path and socket directory. The copy's files live in a directory of
+    /// their own, bind-mounted over this cluster's directory in a mount namespace of the copy's
+    /// server; a network namespace of its own, with only a loopback interface, frees the port.
+    /// Clients reach it through its unix socket, whose file lies in the copy's directory.
+    ///
+    /// `None`, with a note printed, when namespaces cannot be made here (they need root).
+    pub fn copy_at_same_place(&self, name: &str) -> Option<Cluster> {
+        let namespaces_allowed = is_root()
+            && Command::new("unshare")
+                .args(["-m", "-n", "true"])
+                .status()
+                .is_ok_and(|status| status.success());
+        if !namespaces_allowed {
+            println!(
+                "skipped a copy at the same place: this machine lets the tests make no namespaces"
+            );
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{}", self.port));
+        let mut copy = self.base_backup_into(dir, self.port, &[]);
+        copy.host = copy.dir.display().to_string();
+        // Inside the namespaces: the loopback interface up, the copy's directory over this one's,
+        // then the server started as `postgres` at this cluster's paths.
+        let output = server_command("unshare")
+            .args(["-m", "-n", "sh", "-c"])
+            .arg(
+                r#"ip link set lo up && mount --bind "$1" "$2" &&
+                   exec runuser -u postgres -- "$3" -w -D "$2/data" -l "$2/server.log" start"#,
+            )
+            .arg("sh")
+            .arg(&copy.dir)
+            .arg(&self.dir)
+            .arg(self.bindir.join("pg_ctl"))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "starting a copy at the same place failed: {}{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+            copy.log()
+        );
+        Some(copy)
+    }
+
+    /// A base backup of this running cluster, not started: see [`Cluster::start_recovering`].
+    pub fn backup(&self, name: &str) -> Cluster {
+        self.base_backup(name, &[])
+    }
+
+    /// Starts a base backup in archive recovery with `settings` (restore_command, a recovery
+    /// target), as a point-in-time restore does.
+    pub fn start_recovering(&self, settings: &[&str]) {
+        let data = Path::new(&self.data()).to_path_buf();
+        let conf = data.join("postgresql.auto.conf");
+        let mut text = fs::read_to_string(&conf).unwrap();
+        for setting in settings {
+            text.push_str(setting);
+            text.push('\n');
+        }
+        fs::write(&conf, text).unwrap();
+        fs::write(data.join("recovery.signal"), "").unwrap();
+        chown_to_postgres(&data.join("recovery.signal"));
+        self.pg_ctl("start");
+    }
+
+    /// This cluster, stopped cleanly before, upgraded by pg_upgrade into a new data directory with
+    /// the same settings, and started.
+    pub fn upgraded(&self, name: &str) -> Cluster {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        let copy = Cluster {
+        let new = Cluster {
             port,
+            host: "127.0.0.1".into(),
             dir,
             bindir: self.bindir.clone(),
             clock_offset_file: None,
         };
-        chown_to_postgres(&copy.dir);
-        let port_text = self.port.to_string();
-        copy.as_postgres(
-            &[
-                "pg_basebackup",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port_text,
-                "-U",
-                "postgres",
-                "-D",
-                &copy.data(),
-                "-X",
-                "stream",
-            ],
+        chown_to_postgres(&new.dir);
+        new.as_postgres(
+            &["initdb", "-A", "trust", "-U", "postgres", "-D", &new.data()],
             &[],
         );
+        let settings = fs::read_to_string(Path::new(&self.data()).join("postgresql.auto.conf"))
+            .unwrap()
+            .replace(&format!("port = {}", self.port), &format!("port = {port}"))
+            .replace(
+                &self.dir.display().to_string(),
+                &new.dir.display().to_string(),
+            );
+        fs::write(
+            Path::new(&new.data()).join("postgresql.auto.conf"),
+            settings,
+        )
+        .unwrap();
+        let bindir = self.bindir.display().to_string();
+        let (old_port, new_port) = (self.port.to_string(), port.to_string());
+        let mut command = if is_root() {
+            let mut command = server_command("runuser");
+            command.args(["-u", "postgres", "--"]);
+            command.arg(self.bindir.join("pg_upgrade"));
+            command
+        } else {
+            server_command(&self.bindir.join("pg_upgrade").display().to_string())
+        };
+        let output = command
+            .args([
+                "-b",
+                &bindir,
+                "-B",
+                &bindir,
+                "-d",
+                &self.data(),
+                "-D",
+                &new.data(),
+            ])
+            .args(["-p", &old_port, "-P", &new_port, "-U", "postgres"])
+            .current_dir(&new.dir)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "pg_upgrade failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        new.pg_ctl("start");
+        new
+    }
+
+    /// `pg_dump -Fc` of a database into `file`.
+    pub fn dump(&self, database: &str, file: &Path) {
+        self.client_program(
+            "pg_dump",
+            &["-Fc", "-d", database, "-f", &file.display().to_string()],
+        );
+    }
+
+    /// `pg_restore` of a `pg_dump -Fc` file into an existing database, in one transaction.
+    pub fn restore(&self, database: &str, file: &Path) {
+        self.client_program(
+            "pg_restore",
+            &[
+                "--single-transaction",
+                "-d",
+                database,
+                &file.display().to_string(),
+            ],
+        );
+    }
+
+    fn client_program(&self, program: &str, args: &[&str]) {
+        let port = self.port.to_string();
+        let output = Command::new(self.bindir.join(program))
+            .args(["-h", &self.host, "-p", &port, "-U", "postgres"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{program} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// A `pg_basebackup` of this running cluster with extra `options`, on a free port, not started.
+    fn base_backup(&self, name: &str, options: &[&str]) -> Cluster {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
+        let copy = self.base_backup_into(dir, port, options);
         let conf = Path::new(&copy.data()).join("postgresql.auto.conf");
         let settings = fs::read_to_string(&conf).unwrap();
         let settings: String = settings
@@ -128,7 +291,39 @@ impl Cluster {
             ),
         )
         .unwrap();
-        copy.pg_ctl("start");
+        copy
+    }
+
+    /// A `pg_basebackup` of this running cluster into `dir`/data, with this cluster's settings; its
+    /// clients will connect to `port`.
+    fn base_backup_into(&self, dir: PathBuf, port: u16, options: &[&str]) -> Cluster {
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let copy = Cluster {
+            port,
+            host: "127.0.0.1".into(),
+            dir,
+            bindir: self.bindir.clone(),
+            clock_offset_file: None,
+        };
+        chown_to_postgres(&copy.dir);
+        let port_text = self.port.to_string();
+        let data = copy.data();
+        let mut args = vec![
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port_text,
+            "-U",
+            "postgres",
+            "-D",
+            &data,
+            "-X",
+            "stream",
+        ];
+        args.extend_from_slice(options);
+        copy.as_postgres(&args, &[]);
         copy
     }
 
@@ -148,8 +343,8 @@ impl Cluster {
     pub fn connect_to(&self, database: &str) -> Client {
         Client::connect(
             &format!(
-                "host=127.0.0.1 port={} user=postgres dbname={database}",
-                self.port
+                "host={} port={} user=postgres dbname={database}",
+                self.host, self.port
             ),
             NoTls,
         )
@@ -178,8 +373,9 @@ impl Cluster {
         let psql = self.bindir.join("psql");
         let output = Command::new("sh")
             .arg("-c")
-            .arg(r#"exec "$0" -X -a -q -h 127.0.0.1 -p "$1" -U postgres -d "$2" < "$3" 2>&1"#)
+            .arg(r#"exec "$0" -X -a -q -h "$1" -p "$2" -U postgres -d "$3" < "$4" 2>&1"#)
             .arg(psql)
+            .arg(&self.host)
             .arg(self.port.to_string())
             .arg(database)
             .arg(file)
@@ -213,6 +409,11 @@ impl Cluster {
 
     pub fn start_again(&self) {
         self.pg_ctl("start");
+    }
+
+    /// Promotes a standby to a primary, returning once it is one.
+    pub fn promote(&self) {
+        self.as_postgres(&["pg_ctl", "-w", "-D", &self.data(), "promote"], &[]);
     }
 
     /// Kills the postmaster with SIGKILL, then what is left of its processes, as a crash would.
@@ -257,14 +458,14 @@ impl Cluster {
     fn as_postgres(&self, program_and_args: &[&str], env: &[&str]) -> Output {
         let program = self.bindir.join(program_and_args[0]).display().to_string();
         let mut command = if is_root() {
-            let mut command = Command::new("runuser");
+            let mut command = server_command("runuser");
             command
                 .args(["-u", "postgres", "--", "env"])
                 .args(env)
                 .arg(&program);
             command
         } else {
-            let mut command = Command::new("env");
+            let mut command = server_command("env");
             command.args(env).arg(&program);
             command
         };
@@ -293,6 +494,17 @@ impl Drop for Cluster {
             .output();
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A command that starts or runs a server's programs, without the tests' Rust backtrace settings:
+/// in a server, they would make every error raised through snowid's Rust code capture a backtrace,
+/// which takes tens of milliseconds.
+fn server_command(program: &str) -> Command {
+    let mut command = Command::new(program);
+    command
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    command
 }
 
 fn pg_config(flag: &str) -> String {
@@ -366,6 +578,38 @@ pub fn clock_behind_ms(refusal: &str) -> u64 {
     behind
         .and_then(|ms| ms.parse().ok())
         .unwrap_or_else(|| panic!("not a clock refusal: {refusal}"))
+}
+
+/// How many milliseconds a server that has just taken the lease on `worker_id` says it still
+/// refuses for, from the refusal's `error_text`; the rest of the refusal must be the documented one,
+/// with the time the earlier ids reach as `2026-11-30 12:00:01.234 UTC`.
+pub fn new_holder_wait_ms(refusal: &str, worker_id: u16) -> u64 {
+    let parsed = refusal
+        .strip_prefix("55000: snowid refuses to issue ids for another ")
+        .and_then(|rest| {
+            rest.split_once(&format!(
+                " ms: this server has just taken the lease on worker id {worker_id}, and ids \
+                 issued before under it reach "
+            ))
+        })
+        .and_then(|(ms, rest)| {
+            let time = rest.strip_suffix(
+                " HINT: Retry once that time has passed. A wait of more than a second or two \
+                 means this server's clock is behind the previous holder's: check its time \
+                 synchronisation.",
+            )?;
+            let shape = "0000-00-00 00:00:00.000 UTC";
+            let shaped = time.len() == shape.len()
+                && time.chars().zip(shape.chars()).all(|(got, want)| {
+                    if want == '0' {
+                        got.is_ascii_digit()
+                    } else {
+                        got == want
+                    }
+                });
+            shaped.then(|| ms.parse().ok()).flatten()
+        });
+    parsed.unwrap_or_else(|| panic!("not a new holder's refusal: {refusal}"))
 }
 
 /// Waits up to `limit` for `snowid_status()`'s lease_state to read `wanted`; returns the last state

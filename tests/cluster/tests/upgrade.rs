@@ -1,5 +1,5 @@
-//! `ALTER EXTENSION snowid UPDATE` from every released version gives what a fresh install gives,
-//! and keeps the data made with the old one.
+//! `ALTER EXTENSION snowid UPDATE` from every released version (0.1.0 goes through 0.2.0) gives what
+//! a fresh install gives, and keeps the data made with the old one.
 
 use snowid_cluster_tests::{error_text, wait_for, Cluster};
 use std::time::Duration;
@@ -21,10 +21,46 @@ SELECT pg_describe_object(d.classid, d.objid, 0) || coalesce(' ' || (
    AND d.deptype = 'e'
  ORDER BY 1";
 
+/// How many objects a fresh install of the current version has.
+const FRESH_MEMBERS: usize = 15;
+
+/// The refusal of a server whose lease worker finds an older version installed in its database.
+const OLD_VERSION_INSTALLED: &str =
+    "55000: snowid refuses to issue ids: the lease on worker id 21 \
+    is not acquired yet: extension snowid 0.3.0 or later is not installed in database \"upgraded\" \
+    HINT: Issuing resumes by itself once this server holds the lease; snowid_status() and the \
+    server log say more.";
+
 #[test]
 fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
+    let (cluster, mut old) = installed("upgrade-0.1.0", "0.1.0");
+    // The 0.1.0 declaration of snowid_status() still works with the new library: the lease
+    // columns come after the old ones.
+    let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
+    assert_eq!(status.len(), 6);
+    assert_eq!(
+        (status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)),
+        (Some(21), 0)
+    );
+    update_and_compare_with_fresh(&cluster, &mut old, "0.1.0");
+}
+
+#[test]
+fn updating_from_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
+    let (cluster, mut old) = installed("upgrade-0.2.0", "0.2.0");
+    let state: String = old
+        .query_one("SELECT lease_state FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "starting");
+    update_and_compare_with_fresh(&cluster, &mut old, "0.2.0");
+}
+
+/// A server leasing worker id 21 from its database `upgraded`, where snowid `version` is installed
+/// and a table holds a row made with it; the lease worker has found the version too old.
+fn installed(name: &str, version: &str) -> (Cluster, postgres::Client) {
     let cluster = Cluster::start(
-        "upgrade",
+        name,
         &[
             "shared_preload_libraries = 'snowid'",
             "snowid.worker_id = 21",
@@ -35,35 +71,28 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
         .connect()
         .batch_execute("CREATE DATABASE upgraded")
         .unwrap();
-    cluster
-        .connect()
-        .batch_execute("CREATE DATABASE fresh")
-        .unwrap();
     let mut old = cluster.connect_to("upgraded");
-    old.batch_execute(
-        "CREATE EXTENSION snowid VERSION '0.1.0';
+    old.batch_execute(&format!(
+        "CREATE EXTENSION snowid VERSION '{version}';
          CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
-         INSERT INTO orders VALUES (120493965312069635, 'made with 0.1.0');",
-    )
+         INSERT INTO orders VALUES (120493965312069635, 'made with {version}');"
+    ))
     .unwrap();
-    let expected = "55000: snowid refuses to issue ids: the lease on worker id 21 is not acquired yet: \
-                    extension snowid 0.2.0 or later is not installed in database \"upgraded\" HINT: \
-                    Issuing resumes by itself once this server holds the lease; snowid_status() and \
-                    the server log say more.";
     wait_for(
         "the lease worker to look for the lease functions",
         Duration::from_secs(10),
-        || error_text(&old.query_one("SELECT snowid_next()", &[]).unwrap_err()) == expected,
+        || {
+            error_text(&old.query_one("SELECT snowid_next()", &[]).unwrap_err())
+                == OLD_VERSION_INSTALLED
+        },
     );
-    // The 0.1.0 declaration of snowid_status() still works with the new library: the lease
-    // columns come after the old ones.
-    let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
-    assert_eq!(status.len(), 6);
-    assert_eq!(
-        (status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)),
-        (Some(21), 0)
-    );
+    (cluster, old)
+}
 
+/// `ALTER EXTENSION snowid UPDATE` in `old`'s database gives the objects of a fresh install in
+/// another database; then the lease is taken, and the row made with `from` is still there beside a
+/// new one.
+fn update_and_compare_with_fresh(cluster: &Cluster, old: &mut postgres::Client, from: &str) {
     old.batch_execute("ALTER EXTENSION snowid UPDATE").unwrap();
     let version: String = old
         .query_one(
@@ -72,7 +101,11 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.2.0");
+    assert_eq!(version, "0.3.0");
+    cluster
+        .connect()
+        .batch_execute("CREATE DATABASE fresh")
+        .unwrap();
     let mut new = cluster.connect_to("fresh");
     new.batch_execute("CREATE EXTENSION snowid").unwrap();
     let members = |client: &mut postgres::Client| -> Vec<String> {
@@ -83,12 +116,12 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
             .map(|row| row.get(0))
             .collect()
     };
-    let (upgraded, fresh) = (members(&mut old), members(&mut new));
+    let (upgraded, fresh) = (members(old), members(&mut new));
     assert_eq!(upgraded, fresh);
-    assert_eq!(fresh.len(), 13, "{fresh:#?}");
+    assert_eq!(fresh.len(), FRESH_MEMBERS, "{fresh:#?}");
 
-    assert_eq!(cluster.wait_for_lease(&mut old), "held");
-    old.batch_execute("INSERT INTO orders (item) VALUES ('made with 0.2.0')")
+    assert_eq!(cluster.wait_for_lease(old), "held");
+    old.batch_execute("INSERT INTO orders (item) VALUES ('made with 0.3.0')")
         .unwrap();
     let rows: Vec<(String, i32)> = old
         .query(
@@ -102,8 +135,8 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
     assert_eq!(
         rows,
         [
-            ("made with 0.1.0".into(), 17),
-            ("made with 0.2.0".into(), 21)
+            (format!("made with {from}"), 17),
+            ("made with 0.3.0".into(), 21)
         ]
     );
 }

@@ -11,6 +11,7 @@ SELECT snowid_from_timestamp('infinity');
 SELECT snowid_from_timestamp('-infinity');
 SELECT snowid_next_batch(0);
 SELECT snowid_next_batch(4096001);
+SELECT snowid_handover(1024);
 SET snowid.worker_id = 5;
 SET snowid.max_clock_backward = 100;
 SET snowid.workerid = 5;
