@@ -20,6 +20,9 @@ impl Issuer {
         let Some(state) = shmem::issuing_state() else {
             SnowidError::NotPreloaded.raise(function)
         };
+        if gucs::any_worker_id_without_registry() {
+            SnowidError::AnyWorkerIdWithoutRegistry.raise(function)
+        }
         if !gucs::leases_a_worker_id() {
             SnowidError::WorkerIdUnset.raise(function)
         }

@@ -18,6 +18,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 pub enum SnowidError {
     NotPreloaded,
     WorkerIdUnset,
+    AnyWorkerIdWithoutRegistry,
     InRecovery,
     Refused(Refused),
     NegativeId(NegativeId),
@@ -48,6 +49,13 @@ impl SnowidError {
             .set_hint(format!(
                 "Choose a worker id from 0 to {MAX_WORKER_ID} that no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and restart the server."
             )),
+            SnowidError::AnyWorkerIdWithoutRegistry => ErrorReport::new(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "snowid.any_worker_id needs a shared registry in snowid.registry",
+                function,
+            )
+            .set_detail("With the lease table on this server, every copy of it would pick the same free worker id.")
+            .set_hint("Set snowid.worker_id, or name the fleet's registry in snowid.registry, and restart the server."),
             SnowidError::InRecovery => ErrorReport::new(
                 ERRCODE_READ_ONLY_SQL_TRANSACTION,
                 "snowid cannot issue ids on a server in recovery",

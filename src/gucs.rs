@@ -2,7 +2,7 @@
 //! configuration (postgresql.conf or ALTER SYSTEM), never with `SET`.
 
 use crate::layout::MAX_WORKER_ID;
-use crate::lease::{Timing, LOCAL_CEILING_LEAD, REMOTE_CEILING_LEAD};
+use crate::lease::{Timing, CEILING_LEAD};
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
 use std::time::Duration;
@@ -44,8 +44,8 @@ pub fn register() {
     GucRegistry::define_bool_guc(
         c"snowid.any_worker_id",
         c"Lease any free worker id when snowid.worker_id is not set.",
-        c"For fleets of identical servers sharing a registry: each takes the lowest worker id \
-          that no other holds. Changing it requires a server restart.",
+        c"For fleets of identical servers sharing a registry (snowid.registry must be set): each \
+          takes the lowest worker id that no other holds. Changing it requires a server restart.",
         &ANY_WORKER_ID,
         GucContext::Postmaster,
         GucFlags::default(),
@@ -85,10 +85,16 @@ pub fn worker_id() -> Option<u16> {
     u16::try_from(WORKER_ID.get()).ok()
 }
 
-/// Whether this server has a worker id to lease: `snowid.worker_id`, or any free one with
-/// `snowid.any_worker_id`.
+/// Whether this server has a worker id to lease: `snowid.worker_id`, or any free one of a shared
+/// registry with `snowid.any_worker_id`.
 pub fn leases_a_worker_id() -> bool {
-    worker_id().is_some() || ANY_WORKER_ID.get()
+    worker_id().is_some() || (ANY_WORKER_ID.get() && registry().is_some())
+}
+
+/// `snowid.any_worker_id` set without `snowid.worker_id` or a shared registry: copies of this
+/// server, each with its own lease table, would all pick the same free worker id.
+pub fn any_worker_id_without_registry() -> bool {
+    worker_id().is_none() && ANY_WORKER_ID.get() && registry().is_none()
 }
 
 pub fn max_clock_backward_ms() -> u64 {
@@ -99,10 +105,7 @@ pub fn max_clock_backward_ms() -> u64 {
 pub fn lease_timing() -> Timing {
     Timing {
         ttl: Duration::from_secs(LEASE_TTL_S.get().unsigned_abs().into()),
-        ceiling_lead: match registry() {
-            None => LOCAL_CEILING_LEAD,
-            Some(_) => REMOTE_CEILING_LEAD,
-        },
+        ceiling_lead: registry().is_none().then_some(CEILING_LEAD),
     }
 }
 

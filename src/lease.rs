@@ -31,16 +31,16 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
     pub ttl: Duration,
-    /// How far ahead of the clock the ceiling recorded in the data directory runs: longer than the
-    /// worker's longest registry call, so that issuing never waits for the worker, and short, since
-    /// a server restarted after a crash waits until its clock passes it.
-    pub ceiling_lead: Duration,
+    /// How far ahead of the clock the ceiling recorded in the data directory runs, with the lease
+    /// table on this server: longer than the worker's longest call to it, so that issuing never
+    /// waits for the worker, and short, since a server restarted after a crash waits until its
+    /// clock passes it. `None` with a shared registry, where a crashed server's next run starts
+    /// above the mark: a clone of its whole disk would find the same ceiling.
+    pub ceiling_lead: Option<Duration>,
 }
 
-/// The ceiling's lead with the registry on this server, whose calls the worker bounds to 500 ms.
-pub const LOCAL_CEILING_LEAD: Duration = Duration::from_secs(1);
-/// The ceiling's lead with a remote registry, whose connect and call take up to 2 s each.
-pub const REMOTE_CEILING_LEAD: Duration = Duration::from_secs(5);
+/// The ceiling's lead; the worker bounds each call to the lease table on this server to 500 ms.
+pub const CEILING_LEAD: Duration = Duration::from_secs(1);
 
 impl Timing {
     pub fn renew_every(&self) -> Duration {
@@ -63,13 +63,13 @@ impl Timing {
     }
 
     /// The ceiling is moved on once less than this is left of its lead.
-    pub fn ceiling_refresh_below(&self) -> Duration {
-        self.ceiling_lead / 2
+    pub fn ceiling_refresh_below(lead: Duration) -> Duration {
+        lead / 2
     }
 
     /// How often the worker wakes to move the ceiling on.
-    pub fn ceiling_check_every(&self) -> Duration {
-        self.ceiling_lead / 4
+    pub fn ceiling_check_every(lead: Duration) -> Duration {
+        lead / 4
     }
 }
 
@@ -150,9 +150,11 @@ pub struct Status {
     /// Since when the registry has been failing.
     pub unreachable_since: i64,
     pub last_error: Text<256>,
-    /// The row is held by a server whose renewals this server cannot see: only a release or
-    /// `snowid_handover` frees it.
+    /// The row is held by a server whose renewals this server cannot see, or was released by one
+    /// this server may be a copy of: only `snowid_handover` (or that server's release) frees it.
     pub handover_needed: bool,
+    /// With `handover_needed`: the holder released the row, but this server may be a copy of it.
+    pub released: bool,
     /// A random number drawn when the server's shared memory was set up: with the server's name it
     /// tells this run of the server from an earlier one and from a copy.
     pub incarnation: u64,
@@ -176,10 +178,17 @@ pub fn refusal_reason(status: &Status, worker_id: Option<u16>) -> String {
     };
     match status.state {
         State::Starting => format!("the lease on {worker_id} is not acquired yet{because}"),
+        State::HeldByOther if status.handover_needed && status.released => format!(
+            "{worker_id} was released by {}, and this server may be a copy of it",
+            status.holder.as_str()
+        ),
         State::HeldByOther if status.handover_needed => format!(
             "{worker_id} is held by {}, another server that has not released it",
             status.holder.as_str()
         ),
+        State::HeldByOther if worker_id == "a worker id" => {
+            "no worker id is free: every one of the 1024 is leased by another server".into()
+        }
         State::HeldByOther => format!(
             "{worker_id} is leased by another server, {}, until {}",
             status.holder.as_str(),
@@ -189,7 +198,9 @@ pub fn refusal_reason(status: &Status, worker_id: Option<u16>) -> String {
             "the lease registry has been unreachable since {}, and the lease on {worker_id} has run out{because}",
             format_unix_ms(status.unreachable_since)
         ),
-        State::Held => format!("the lease on {worker_id} expired without being renewed"),
+        State::Held => format!(
+            "the lease on {worker_id} ran out before the lease worker could renew it{because}"
+        ),
         State::Released => format!("the lease on {worker_id} was released: the server is shutting down"),
     }
 }
@@ -236,24 +247,25 @@ pub fn format_unix_ms(unix_ms: i64) -> String {
 /// The registry's answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The lease is this server's. `floor_ms` is set when it is newly acquired: the row's
-    /// high-water mark, above which this holder's ids start. `continued` says that this server
-    /// held the row last, so that nobody else issued under the worker id since.
+    /// The lease is this server's. `mark_ms` is the row's high-water mark before the claim, above
+    /// which a new holder's ids start. `continued` says that this server held the row already, so
+    /// that nobody else issued under the worker id since; `renewal` that this run of it did.
     Granted {
-        floor_ms: Option<u64>,
+        mark_ms: u64,
         reserved_until_ms: u64,
         expires_at: i64,
         continued: bool,
+        renewal: bool,
     },
+    /// Another server holds the lease, or `released` it while this server may be a copy of it.
     HeldByOther {
         holder: String,
         expires_at: i64,
+        released: bool,
     },
     /// The row's high-water mark lies beyond the last millisecond ids can hold: the worker id is
     /// spent, and issuing under it could only wrap around.
-    MarkBeyondLayout {
-        high_water_ms: u64,
-    },
+    MarkBeyondLayout { high_water_ms: u64 },
 }
 
 /// One row that `CLAIM_SQL` or `CLAIM_ANY_SQL` returns, as read.
@@ -266,6 +278,8 @@ pub struct ClaimRow {
     pub holder_name: Option<String>,
     pub expires_at_unix_ms: Option<i64>,
     pub continued: Option<bool>,
+    pub renewal: Option<bool>,
+    pub released: Option<bool>,
 }
 
 impl ClaimRow {
@@ -275,17 +289,21 @@ impl ClaimRow {
             return Claim::HeldByOther {
                 holder: self.holder_name.unwrap_or_default(),
                 expires_at,
+                released: self.released == Some(true),
             };
         }
-        let floor_ms = self.floor_ms.map(|floor| floor.max(0) as u64);
-        match floor_ms.filter(|&floor| floor > layout::MAX_MILLIS + 1) {
-            Some(high_water_ms) => Claim::MarkBeyondLayout { high_water_ms },
-            None => Claim::Granted {
-                floor_ms,
-                reserved_until_ms: self.reserved_until_ms.unwrap_or(0).max(0) as u64,
-                expires_at,
-                continued: self.continued == Some(true),
-            },
+        let mark_ms = self.floor_ms.unwrap_or(0).max(0) as u64;
+        if mark_ms > layout::MAX_MILLIS + 1 {
+            return Claim::MarkBeyondLayout {
+                high_water_ms: mark_ms,
+            };
+        }
+        Claim::Granted {
+            mark_ms,
+            reserved_until_ms: self.reserved_until_ms.unwrap_or(0).max(0) as u64,
+            expires_at,
+            continued: self.continued == Some(true),
+            renewal: self.renewal == Some(true),
         }
     }
 }
@@ -305,23 +323,26 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// Claims (acquires or renews) a worker id's lease. Parameters: worker id, holder, incarnation,
 /// holder's name, time-to-live in ms, reservation in ms since the snowid epoch, whether an expired
-/// lease of another holder may be taken. One row, read as a [`ClaimRow`].
+/// lease of another holder may be taken, this server's timeline. One row, read as a [`ClaimRow`].
 pub const CLAIM_SQL: &str =
-    "SELECT $1::integer, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, continued \
-     FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7)";
+    "SELECT $1::integer, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
+            continued, renewal, released \
+     FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
-/// Claims a lease on any free worker id. Parameters and row: as `CLAIM_SQL` without the worker id
-/// parameter.
+/// Claims a lease on any free worker id of a shared registry. Parameters: as `CLAIM_SQL` without
+/// the worker id and whether expired leases may be taken (they may). Row: as `CLAIM_SQL`.
 pub const CLAIM_ANY_SQL: &str =
-    "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, continued \
+    "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
+            continued, renewal, released \
      FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6)";
 
-/// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark.
-pub const RELEASE_SQL: &str = "SELECT snowid.lease_release($1, $2, $3, $4)";
+/// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark,
+/// timeline.
+pub const RELEASE_SQL: &str = "SELECT snowid.lease_release($1, $2, $3, $4, $5)";
 
 /// Whether the registry database has the lease functions (the extension, at 0.3.0 or later).
 pub const READY_SQL: &str = "SELECT pg_catalog.to_regprocedure(\
-     'snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean)') IS NOT NULL";
+     'snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint)') IS NOT NULL";
 
 #[cfg(test)]
 mod tests {
@@ -331,18 +352,24 @@ mod tests {
     fn default_timing_is_thirty_ten_and_five_seconds() {
         let timing = Timing {
             ttl: Duration::from_secs(30),
-            ceiling_lead: LOCAL_CEILING_LEAD,
+            ceiling_lead: Some(CEILING_LEAD),
         };
         assert_eq!(timing.renew_every(), Duration::from_secs(10));
         assert_eq!(timing.stop_margin(), Duration::from_secs(5));
         assert_eq!(timing.issuing_window(), Duration::from_secs(25));
         assert_eq!(timing.retry_every(), Duration::from_secs(1));
-        assert_eq!(timing.ceiling_refresh_below(), Duration::from_millis(500));
-        assert_eq!(timing.ceiling_check_every(), Duration::from_millis(250));
+        assert_eq!(
+            Timing::ceiling_refresh_below(CEILING_LEAD),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            Timing::ceiling_check_every(CEILING_LEAD),
+            Duration::from_millis(250)
+        );
         assert_eq!(
             Timing {
                 ttl: Duration::from_secs(3),
-                ceiling_lead: REMOTE_CEILING_LEAD,
+                ceiling_lead: None,
             }
             .retry_every(),
             Duration::from_secs(1)
@@ -358,6 +385,8 @@ mod tests {
             holder_name: Some("a:5432".into()),
             expires_at_unix_ms: Some(9),
             continued: Some(continued),
+            renewal: Some(false),
+            released: Some(false),
         }
     }
 
@@ -366,19 +395,25 @@ mod tests {
         assert_eq!(
             granted_row(Some(500), false).claim(),
             Claim::Granted {
-                floor_ms: Some(500),
+                mark_ms: 500,
                 reserved_until_ms: 30_500,
                 expires_at: 9,
-                continued: false
+                continued: false,
+                renewal: false
             }
         );
+        let renewal = ClaimRow {
+            renewal: Some(true),
+            ..granted_row(Some(30_000), true)
+        };
         assert_eq!(
-            granted_row(None, true).claim(),
+            renewal.claim(),
             Claim::Granted {
-                floor_ms: None,
+                mark_ms: 30_000,
                 reserved_until_ms: 30_500,
                 expires_at: 9,
-                continued: true
+                continued: true,
+                renewal: true
             }
         );
         let refused = ClaimRow {
@@ -391,7 +426,22 @@ mod tests {
             refused.claim(),
             Claim::HeldByOther {
                 holder: "b:5433".into(),
-                expires_at: 9
+                expires_at: 9,
+                released: false
+            }
+        );
+        let released = ClaimRow {
+            granted: Some(false),
+            holder_name: Some("b:5433".into()),
+            released: Some(true),
+            ..ClaimRow::default()
+        };
+        assert_eq!(
+            released.claim(),
+            Claim::HeldByOther {
+                holder: "b:5433".into(),
+                expires_at: 0,
+                released: true
             }
         );
     }
@@ -401,7 +451,7 @@ mod tests {
         let last_ms = layout::MAX_MILLIS as i64;
         assert!(matches!(
             granted_row(Some(last_ms + 1), false).claim(),
-            Claim::Granted { floor_ms: Some(floor), .. } if floor == layout::MAX_MILLIS + 1
+            Claim::Granted { mark_ms, .. } if mark_ms == layout::MAX_MILLIS + 1
         ));
         assert_eq!(
             granted_row(Some(last_ms + 2), false).claim(),
@@ -480,6 +530,10 @@ mod tests {
             refusal_reason(&status, Some(7)),
             "worker id 7 is leased by another server, node-a (127.0.0.1:5433), until 2026-11-29 12:00:00.123 UTC"
         );
+        assert_eq!(
+            refusal_reason(&status, None),
+            "no worker id is free: every one of the 1024 is leased by another server"
+        );
         status.state = State::RegistryUnreachable;
         status.unreachable_since = 1_795_953_600_000;
         status.last_error = Text::new("connection refused");
@@ -490,7 +544,7 @@ mod tests {
         status.state = State::Held;
         assert_eq!(
             refusal_reason(&status, Some(7)),
-            "the lease on worker id 7 expired without being renewed"
+            "the lease on worker id 7 ran out before the lease worker could renew it: connection refused"
         );
         assert_eq!(
             refusal_hint(&status, Some(7)),
@@ -515,6 +569,18 @@ mod tests {
         assert_eq!(
             refusal_hint(&status, Some(5)),
             "Give this server another snowid.worker_id and restart it, or, once node1:5433 is stopped for good, run SELECT snowid_handover(5) on this server."
+        );
+        let released = Status {
+            released: true,
+            ..status
+        };
+        assert_eq!(
+            refusal_reason(&released, Some(5)),
+            "worker id 5 was released by node1:5433, and this server may be a copy of it"
+        );
+        assert_eq!(
+            refusal_hint(&released, Some(5)),
+            refusal_hint(&status, Some(5))
         );
     }
 }

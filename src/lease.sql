@@ -12,12 +12,16 @@ CREATE TABLE snowid.worker_lease (
     acquired_at   timestamptz,
     renewed_at    timestamptz,
     expires_at    timestamptz,
-    high_water_ms bigint NOT NULL DEFAULT 0 CHECK (high_water_ms BETWEEN 0 AND 2199023255552)
+    high_water_ms bigint NOT NULL DEFAULT 0 CHECK (high_water_ms BETWEEN 0 AND 2199023255552),
+    released_by   text,
+    released_timeline bigint
 );
 COMMENT ON TABLE snowid.worker_lease IS 'Which server holds which snowid worker id';
-COMMENT ON COLUMN snowid.worker_lease.holder IS 'The holding server (system identifier and a hash of its host, port, data directory path and the data directory''s device and inode numbers); NULL when free';
+COMMENT ON COLUMN snowid.worker_lease.holder IS 'The holding server (system identifier and a hash of its data directory''s inode number and birth time); NULL when free';
 COMMENT ON COLUMN snowid.worker_lease.incarnation IS 'The run of the holding server';
 COMMENT ON COLUMN snowid.worker_lease.expires_at IS 'When the lease ends unless renewed, by this registry''s clock';
+COMMENT ON COLUMN snowid.worker_lease.released_by IS 'The holder that released the lease at its clean shutdown';
+COMMENT ON COLUMN snowid.worker_lease.released_timeline IS 'The WAL timeline of the server that released the lease';
 COMMENT ON COLUMN snowid.worker_lease.high_water_ms IS 'Milliseconds since 2026-01-01 that every id issued under this worker id is below; the next holder starts here';
 
 REVOKE ALL ON snowid.worker_lease FROM PUBLIC;
@@ -42,17 +46,21 @@ $$;
 CREATE TRIGGER worker_lease_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON snowid.worker_lease
     FOR EACH STATEMENT EXECUTE FUNCTION snowid.lease_guard();
 
--- Acquires or renews a lease. Granted when the row is free (never used, or released), held by the
--- same server (a restart of it takes its lease back at once), or, with p_takeover_on_expiry, held
--- by another whose lease expired. A registry in the server's own data directory passes false: it
--- cannot see the renewals of a server it was copied from. A new holder gets the row's high-water
--- mark as the floor of its ids, and `continued` says whether this holder held the row last; every
--- claim raises the mark to the claimant's reservation.
+-- Acquires or renews a lease. Granted when the row is held by the same server (a restart of it
+-- takes its lease back at once), is free, or, with p_takeover_on_expiry, is held by another
+-- server whose lease expired. A registry in the server's own data directory passes false: it
+-- cannot see the renewals of a server whose data directory this one's is a copy of. There a free
+-- row that another server released is granted only to a server it cannot be a copy of: one with
+-- another system identifier (pg_upgrade), or on a later timeline (a standby promoted after its
+-- primary stopped). floor_ms is the row's high-water mark before this claim, above which a new
+-- holder starts; `continued` says whether this holder held the row already, `renewal` whether
+-- this run of it did; every claim raises the mark to the claimant's reservation.
 CREATE FUNCTION snowid.lease_claim(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
-    p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean,
+    p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
     OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
-    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean)
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -62,40 +70,43 @@ DECLARE
 BEGIN
     INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
     SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
-    IF lease.holder IS NOT NULL AND lease.holder <> p_holder
-       AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at) THEN
+    released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
+    IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
+        AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at))
+       OR (released AND NOT p_takeover_on_expiry AND lease.released_by <> p_holder
+           AND split_part(lease.released_by, '-', 1) = split_part(p_holder, '-', 1)
+           AND lease.released_timeline >= p_timeline) THEN
         granted := false;
         holder_name := lease.holder_name;
         expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
         RETURN;
     END IF;
     granted := true;
+    floor_ms := lease.high_water_ms;
     continued := lease.holder IS NOT DISTINCT FROM p_holder;
-    IF lease.holder IS NOT DISTINCT FROM p_holder AND lease.incarnation IS NOT DISTINCT FROM p_incarnation THEN
-        floor_ms := NULL;
-    ELSE
-        floor_ms := lease.high_water_ms;
-    END IF;
+    renewal := continued AND lease.incarnation IS NOT DISTINCT FROM p_incarnation;
     UPDATE snowid.worker_lease l
        SET holder = p_holder, incarnation = p_incarnation, holder_name = p_holder_name,
-           acquired_at = CASE WHEN floor_ms IS NULL THEN l.acquired_at ELSE claimed_at END,
+           acquired_at = CASE WHEN renewal THEN l.acquired_at ELSE claimed_at END,
            renewed_at = claimed_at,
            expires_at = claimed_at + p_ttl_ms * interval '1 millisecond',
-           high_water_ms = greatest(l.high_water_ms, p_reserve_until_ms)
+           high_water_ms = greatest(l.high_water_ms, p_reserve_until_ms),
+           released_by = NULL, released_timeline = NULL
      WHERE l.worker_id = p_worker_id
     RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint
          INTO reserved_until_ms, holder_name, expires_at_unix_ms;
 END
 $$;
 
--- Acquires a lease on any worker id, for servers that do not name one: the one this server holds
--- already, else the lowest one free (or expired, with p_takeover_on_expiry), else the lowest never
--- used. Pickers take turns.
+-- Acquires a lease on any worker id, for servers of a shared registry that do not name one: the
+-- one this server holds already, else the lowest one free or expired, else the lowest never used.
+-- Pickers take turns.
 CREATE FUNCTION snowid.lease_claim_any(
     p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
-    p_takeover_on_expiry boolean,
+    p_timeline bigint,
     OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
-    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean)
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -105,8 +116,7 @@ BEGIN
      WHERE l.holder = p_holder ORDER BY l.worker_id LIMIT 1;
     IF worker_id IS NULL THEN
         SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
-         WHERE l.holder IS NULL OR (p_takeover_on_expiry AND l.expires_at <= clock_timestamp())
-         ORDER BY l.worker_id LIMIT 1;
+         WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp() ORDER BY l.worker_id LIMIT 1;
     END IF;
     IF worker_id IS NULL THEN
         SELECT min(free.id) INTO worker_id FROM generate_series(0, 1023) AS free(id)
@@ -117,53 +127,60 @@ BEGIN
         holder_name := 'other servers (all 1024 worker ids are leased)';
         RETURN;
     END IF;
-    SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms, c.continued
-      INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, continued
+    SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
+           c.continued, c.renewal, c.released
+      INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
+           continued, renewal, released
       FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
-                              p_reserve_until_ms, p_takeover_on_expiry) c;
+                              p_reserve_until_ms, true, p_timeline) c;
 END
 $$;
 
--- Releases a lease its holder no longer needs, lowering the high-water mark to just above the ids
--- it really issued. Returns NULL when the caller did not hold it.
+-- Releases a lease its holder no longer needs, at its clean shutdown, lowering the high-water mark
+-- to just above the ids it really issued and recording who released it, on which timeline.
+-- Returns NULL when the caller did not hold it.
 CREATE FUNCTION snowid.lease_release(
-    p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint)
+    p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint,
+    p_timeline bigint)
 RETURNS boolean
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
     UPDATE snowid.worker_lease
        SET holder = NULL, incarnation = NULL, expires_at = NULL,
-           high_water_ms = least(high_water_ms, p_high_water_ms)
+           high_water_ms = least(high_water_ms, p_high_water_ms),
+           released_by = p_holder, released_timeline = p_timeline
      WHERE worker_id = p_worker_id AND holder = p_holder AND incarnation = p_incarnation
     RETURNING true;
 $$;
 
--- Releases a lease on behalf of a holder that is gone for good (a crashed primary whose standby was
--- promoted, a server retired without a clean shutdown), keeping the high-water mark: the next
--- holder starts above every id issued under the worker id. Returns the released holder's name, NULL
--- when nobody held the worker id.
+-- Frees a worker id for the next server that claims it, on behalf of a holder that is gone for
+-- good (a crashed primary whose standby was promoted, a server retired without a clean shutdown,
+-- the original of a copy), keeping the high-water mark: the next holder starts above every id
+-- issued under the worker id. Returns the freed holder's name, NULL when the row was free.
 CREATE FUNCTION snowid_handover(worker_id integer) RETURNS text
 LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    released text;
+    freed text;
 BEGIN
     IF snowid_handover.worker_id NOT BETWEEN 0 AND 1023 THEN
         RAISE EXCEPTION 'worker id must be between 0 and 1023, not %', snowid_handover.worker_id
             USING ERRCODE = '22023';
     END IF;
     UPDATE snowid.worker_lease l
-       SET holder = NULL, incarnation = NULL, expires_at = NULL
-     WHERE l.worker_id = snowid_handover.worker_id AND l.holder IS NOT NULL
-    RETURNING l.holder_name INTO released;
-    RETURN released;
+       SET holder = NULL, incarnation = NULL, expires_at = NULL,
+           released_by = NULL, released_timeline = NULL
+     WHERE l.worker_id = snowid_handover.worker_id
+       AND (l.holder IS NOT NULL OR l.released_by IS NOT NULL)
+    RETURNING l.holder_name INTO freed;
+    RETURN freed;
 END
 $$;
-COMMENT ON FUNCTION snowid_handover(integer) IS 'Releases a worker id''s lease for a holder that is gone for good';
+COMMENT ON FUNCTION snowid_handover(integer) IS 'Frees a worker id whose holder is gone for good';
 
-REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid_handover(integer) FROM PUBLIC;

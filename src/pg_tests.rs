@@ -386,11 +386,11 @@ mod tests {
             );
         }
         assert_eq!(
-            error_of("SELECT snowid.lease_claim(5, 'me', 'now', 'me:1', 30000, 0, true)"),
+            error_of("SELECT snowid.lease_claim(5, 'me', 'now', 'me:1', 30000, 0, true, 1)"),
             "42501: permission denied for function lease_claim"
         );
         assert_eq!(
-            error_of("SELECT snowid.lease_release(17, 'me', 'now', 0)"),
+            error_of("SELECT snowid.lease_release(17, 'me', 'now', 0, 1)"),
             "42501: permission denied for function lease_release"
         );
         assert_eq!(

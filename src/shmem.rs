@@ -112,6 +112,21 @@ pub fn database_exists(name: &str) -> bool {
     unsafe { pg_sys::get_database_oid(name.as_ptr(), true) != pg_sys::InvalidOid }
 }
 
+/// The WAL timeline this server writes on; a promotion starts a new one.
+pub fn timeline() -> u32 {
+    // SAFETY: called by the lease worker, which starts only once recovery has finished, when the
+    // insertion timeline is fixed.
+    unsafe { pg_sys::GetWALInsertionTimeLine() }
+}
+
+/// Aborts the current transaction after an error was caught in it, returning to no transaction.
+pub fn abort_transaction() {
+    // SAFETY: the lease worker calls this outside any SQL function, after pgrx caught an error
+    // raised inside a transaction it started; aborting cleans up that transaction's locks,
+    // resources and memory, as PostgreSQL's own background processes do after an error.
+    unsafe { pg_sys::AbortCurrentTransaction() }
+}
+
 /// Ends this process with exit status 1, which makes the postmaster start the lease worker again;
 /// status 0, a plain return, would unregister it.
 pub fn exit_for_restart() -> ! {

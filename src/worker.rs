@@ -15,8 +15,9 @@ use crate::{gucs, layout, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
+use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
-use std::os::unix::fs::MetadataExt;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -40,8 +41,7 @@ pub fn register() {
 /// Who claims the lease.
 struct Claimant {
     /// The same for every run of this server, different for any other server or copy of it: the
-    /// system identifier, and a hash of the host name, port, data directory path, and the data
-    /// directory's device and inode numbers, which change with every copy but not with a restart.
+    /// system identifier, and a hash of what tells the data directory from every copy of it.
     holder: String,
     /// Different for every run of this server (every setup of its shared memory).
     incarnation: String,
@@ -52,21 +52,14 @@ struct Claimant {
 impl Claimant {
     fn of_this_server() -> Claimant {
         let server = shmem::server_identity();
-        let host = rustix::system::uname()
-            .nodename()
-            .to_string_lossy()
-            .into_owned();
-        let (device, inode) = std::fs::metadata(&server.data_directory)
-            .map(|metadata| (metadata.dev(), metadata.ino()))
-            .unwrap_or_else(|error| {
-                error!("snowid lease worker cannot read the data directory: {error}")
-            });
-        let place = format!(
-            "{host}\0{}\0{}\0{device}\0{inode}",
-            server.port, server.data_directory
-        );
+        let place = data_directory_identity(&server.data_directory).unwrap_or_else(|error| {
+            error!("snowid lease worker cannot read the data directory: {error}")
+        });
         let name = if server.cluster_name.is_empty() {
-            host
+            rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned()
         } else {
             server.cluster_name
         };
@@ -82,12 +75,36 @@ impl Claimant {
     }
 }
 
+/// What tells a data directory from every copy of it: its inode number and birth time, which a
+/// restart, a move or a rename keeps and a copy, made anew, does not. Where the file system records
+/// no birth time, its device number stands in.
+fn data_directory_identity(path: &str) -> std::io::Result<String> {
+    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
+    let stat = statx(
+        CWD,
+        path,
+        AtFlags::empty(),
+        StatxFlags::INO | StatxFlags::BTIME,
+    )?;
+    Ok(if stat.stx_mask & StatxFlags::BTIME.bits() != 0 {
+        format!(
+            "inode {} born {}.{:09}",
+            stat.stx_ino, stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec
+        )
+    } else {
+        format!(
+            "inode {} on device {}:{}",
+            stat.stx_ino, stat.stx_dev_major, stat.stx_dev_minor
+        )
+    })
+}
+
 /// The lease this worker holds, as far as the gate goes.
 struct Holding {
     worker_id: u16,
     reserved_until_ms: u64,
     deadline_ns: u64,
-    /// The ceiling last recorded durably; never lowered while the lease is held.
+    /// The ceiling last recorded durably (0: none); never lowered while the lease is held.
     ceiling_ms: u64,
 }
 
@@ -96,185 +113,260 @@ struct Holding {
 pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let state = shmem::issuing_state().expect("the worker is registered only when preloaded");
-    let data_directory = PathBuf::from(shmem::server_identity().data_directory);
     if !throttle_restarts() {
         return stop(state, None);
     }
-    let timing = gucs::lease_timing();
     let me = Claimant::of_this_server();
-    let Some(mut registry) = Registry::open() else {
+    let Some(registry) = Registry::open() else {
         return stop(state, None);
     };
     let configured = gucs::worker_id();
-    // A worker started again after a fault renews the worker id its predecessor held.
-    let mut claiming = shmem::update_lease_status(|status| {
-        status.worker_id = status.worker_id.or(configured);
-        status.worker_id
-    });
-    let mut recorded = Ceiling::read(&data_directory).filter(|ceiling| ceiling.holder == me.holder);
-    let mut holding: Option<Holding> = None;
+    let data_directory = PathBuf::from(shmem::server_identity().data_directory);
+    let mut worker = LeaseWorker {
+        state,
+        timing: gucs::lease_timing(),
+        // The ceiling serves only the lease table on this server (see `Timing::ceiling_lead`).
+        recorded: Ceiling::read(&data_directory).filter(|ceiling| {
+            ceiling.holder == me.holder && gucs::lease_timing().ceiling_lead.is_some()
+        }),
+        data_directory,
+        me,
+        registry,
+        configured,
+        // A worker started again after a fault renews the worker id its predecessor held.
+        claiming: shmem::update_lease_status(|status| {
+            status.worker_id = status.worker_id.or(configured);
+            status.worker_id
+        }),
+        holding: None,
+    };
     let mut next_claim_ns = 0;
     loop {
         if SystemClock.monotonic_ns() >= next_claim_ns {
             let sent_ns = SystemClock.monotonic_ns();
-            let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
-            let reserve_until_ms = now_ms + timing.ttl.as_millis() as u64;
-            let pause = match registry.claim(&me, claiming, timing, reserve_until_ms) {
-                Ok((Some(worker_id), claim)) => match claim {
-                    Claim::Granted {
-                        floor_ms,
-                        reserved_until_ms,
-                        expires_at,
-                        continued,
-                    } => {
-                        let own_ceiling = recorded
-                            .as_ref()
-                            .filter(|ceiling| ceiling.worker_id == worker_id)
-                            .map(|ceiling| ceiling.below_ms);
-                        // A new run of the holder that held the row last starts above its own
-                        // ceiling, which is at most a second or so ahead, rather than the mark.
-                        let floor_ms = floor_ms.map(|mark| match own_ceiling {
-                            Some(ceiling) if continued => ceiling.min(mark),
-                            _ => mark,
-                        });
-                        let held = Holding {
-                            worker_id,
-                            reserved_until_ms,
-                            deadline_ns: sent_ns + timing.issuing_window().as_nanos() as u64,
-                            ceiling_ms: holding
-                                .as_ref()
-                                .filter(|held| held.worker_id == worker_id)
-                                .map_or(own_ceiling.unwrap_or(0), |held| held.ceiling_ms),
-                        };
-                        claiming = Some(worker_id);
-                        let held = holding.insert(held);
-                        // The gate first: a refusal that reads "held" finds it open.
-                        let ceiling_error =
-                            raise_ceiling(state, &data_directory, &me, held, floor_ms, timing);
-                        recorded = Some(Ceiling {
-                            holder: me.holder.clone(),
-                            worker_id,
-                            below_ms: held.ceiling_ms,
-                        });
-                        shmem::update_lease_status(|status| {
-                            status.worker_id = Some(worker_id);
-                            status.state = State::Held;
-                            status.holder = Text::new(&me.name);
-                            status.expires_at = expires_at;
-                            status.high_water_ms = reserved_until_ms;
-                            status.unreachable_since = 0;
-                            status.handover_needed = false;
-                            status.last_error = Text::new(&ceiling_error.unwrap_or_default());
-                        });
-                        timing.renew_every()
-                    }
-                    Claim::HeldByOther { holder, expires_at } => {
-                        state.close_gate(&SystemClock);
-                        holding = None;
-                        claiming = configured;
-                        let handover_needed = registry.is_local();
-                        shmem::update_lease_status(|status| {
-                            status.worker_id = configured;
-                            status.state = State::HeldByOther;
-                            status.holder = Text::new(&holder);
-                            status.expires_at = expires_at;
-                            status.handover_needed = handover_needed;
-                            status.last_error = Text::default();
-                        });
-                        timing.retry_every()
-                    }
-                    Claim::MarkBeyondLayout { high_water_ms } => {
-                        state.close_gate(&SystemClock);
-                        holding = None;
-                        claiming = configured;
-                        let error = format!(
-                            "its high-water mark, {high_water_ms} ms after 2026-01-01, lies beyond 2095-09-07 15:47:35.551 UTC, the last time ids can hold"
-                        );
-                        shmem::update_lease_status(|status| {
-                            status.worker_id = Some(worker_id);
-                            status.state = State::Starting;
-                            status.last_error = Text::new(&error);
-                        });
-                        timing.retry_every()
-                    }
-                },
-                Ok((None, _)) => unreachable!("a claim names its worker id"),
-                Err(error) => {
-                    shmem::update_lease_status(|status| {
-                        if status.state != State::Starting {
-                            status.state = State::RegistryUnreachable;
-                        }
-                        if status.unreachable_since == 0 {
-                            status.unreachable_since = SystemClock.unix_millis();
-                        }
-                        status.last_error = Text::new(&error);
-                    });
-                    timing.retry_every()
-                }
-            };
-            next_claim_ns = sent_ns + pause.as_nanos() as u64;
+            next_claim_ns = sent_ns + worker.claim(sent_ns).as_nanos() as u64;
         }
         let mut pause_ns = next_claim_ns.saturating_sub(SystemClock.monotonic_ns());
-        if let Some(held) = holding.as_mut() {
-            if let Some(error) = raise_ceiling(state, &data_directory, &me, held, None, timing) {
-                shmem::update_lease_status(|status| status.last_error = Text::new(&error));
-            }
-            pause_ns = pause_ns.min(timing.ceiling_check_every().as_nanos() as u64);
+        if let Some(check_every) = worker.keep_ceiling() {
+            pause_ns = pause_ns.min(check_every.as_nanos() as u64);
         }
         if !BackgroundWorker::wait_latch(Some(Duration::from_nanos(pause_ns))) {
             break;
         }
     }
-    stop(state, Some((&mut registry, &me, holding)));
+    stop(
+        state,
+        Some((&mut worker.registry, &worker.me, worker.holding)),
+    );
 }
 
-/// Moves the ceiling on when less than `Timing::ceiling_refresh_below` of it is left (or at once
-/// with a new `floor_ms`), records it durably, then lets ids through below it. Returns why the
-/// ceiling could not be recorded, if it could not: issuing then stops at the old one.
-fn raise_ceiling(
-    state: &IssuingState,
-    data_directory: &Path,
-    me: &Claimant,
-    held: &mut Holding,
-    floor_ms: Option<u64>,
+/// The lease worker's state between claims.
+struct LeaseWorker {
+    state: &'static IssuingState,
     timing: Timing,
-) -> Option<String> {
-    let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
-    let lead_ms = timing.ceiling_lead.as_millis() as u64;
-    let refresh_ms = timing.ceiling_refresh_below().as_millis() as u64;
-    if floor_ms.is_none() && held.ceiling_ms > now_ms + refresh_ms {
-        state.open_gate(&grant(held, None));
-        return None;
-    }
-    // Never below the floor or an id issued: the next run of this server starts here.
-    let wanted = (now_ms + lead_ms)
-        .max(floor_ms.unwrap_or(0))
-        .max(state.next_free_millis())
-        .max(held.ceiling_ms);
-    let ceiling = Ceiling {
-        holder: me.holder.clone(),
-        worker_id: held.worker_id,
-        below_ms: wanted,
-    };
-    let error = match ceiling.write(data_directory) {
-        Ok(()) => {
-            held.ceiling_ms = wanted;
-            None
-        }
-        Err(error) => Some(format!(
-            "could not record the ceiling in {}: {error}",
-            crate::ceiling::FILE_NAME
-        )),
-    };
-    state.open_gate(&grant(held, floor_ms));
-    error
+    me: Claimant,
+    registry: Registry,
+    data_directory: PathBuf,
+    /// This server's ceiling as last recorded, by this run or an earlier one.
+    recorded: Option<Ceiling>,
+    configured: Option<u16>,
+    /// The worker id to claim: the configured one, or the one last granted; `None` picks any.
+    claiming: Option<u16>,
+    holding: Option<Holding>,
 }
 
-fn grant(held: &Holding, floor_ms: Option<u64>) -> Grant {
+impl LeaseWorker {
+    /// Claims the lease, acts on the answer, and says when to claim again.
+    fn claim(&mut self, sent_ns: u64) -> Duration {
+        let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
+        let reserve_until_ms = now_ms + self.timing.ttl.as_millis() as u64;
+        let answer = self
+            .registry
+            .claim(&self.me, self.claiming, self.timing, reserve_until_ms);
+        match answer {
+            Ok((
+                Some(worker_id),
+                Claim::Granted {
+                    mark_ms,
+                    reserved_until_ms,
+                    expires_at,
+                    continued,
+                    renewal,
+                },
+            )) => {
+                let floor_ms = self.floor(worker_id, mark_ms, continued, renewal);
+                let held = Holding {
+                    worker_id,
+                    reserved_until_ms,
+                    deadline_ns: sent_ns + self.timing.issuing_window().as_nanos() as u64,
+                    ceiling_ms: self.ceiling_of(worker_id),
+                };
+                self.claiming = Some(worker_id);
+                self.holding = Some(held);
+                // The gate first: a refusal that reads "held" finds it open.
+                let ceiling_error = self.raise_ceiling(floor_ms);
+                let name = self.me.name.clone();
+                shmem::update_lease_status(|status| {
+                    status.worker_id = Some(worker_id);
+                    status.state = State::Held;
+                    status.holder = Text::new(&name);
+                    status.expires_at = expires_at;
+                    status.high_water_ms = reserved_until_ms;
+                    status.unreachable_since = 0;
+                    status.handover_needed = false;
+                    status.last_error = Text::new(&ceiling_error.unwrap_or_default());
+                });
+                self.timing.renew_every()
+            }
+            Ok((
+                _,
+                Claim::HeldByOther {
+                    holder,
+                    expires_at,
+                    released,
+                },
+            )) => {
+                self.lose_lease();
+                let handover_needed = self.registry.is_local();
+                shmem::update_lease_status(|status| {
+                    status.worker_id = self.configured;
+                    status.state = State::HeldByOther;
+                    status.holder = Text::new(&holder);
+                    status.expires_at = expires_at;
+                    status.handover_needed = handover_needed;
+                    status.released = released;
+                    status.last_error = Text::default();
+                });
+                self.timing.retry_every()
+            }
+            Ok((worker_id, Claim::MarkBeyondLayout { high_water_ms })) => {
+                self.lose_lease();
+                let error = format!(
+                    "its high-water mark, {high_water_ms} ms after 2026-01-01, lies beyond 2095-09-07 15:47:35.551 UTC, the last time ids can hold"
+                );
+                shmem::update_lease_status(|status| {
+                    status.worker_id = worker_id.or(status.worker_id);
+                    status.state = State::Starting;
+                    status.last_error = Text::new(&error);
+                });
+                self.timing.retry_every()
+            }
+            Ok((None, Claim::Granted { .. })) => {
+                unreachable!("a granted lease names its worker id")
+            }
+            Err(error) => {
+                shmem::update_lease_status(|status| {
+                    if status.state != State::Starting {
+                        status.state = State::RegistryUnreachable;
+                    }
+                    if status.unreachable_since == 0 {
+                        status.unreachable_since = SystemClock.unix_millis();
+                    }
+                    status.last_error = Text::new(&error);
+                });
+                self.timing.retry_every()
+            }
+        }
+    }
+
+    /// Where a grant's ids start: above the row's mark for a new holder; for a new run of the
+    /// holder that held the row already, above its own ceiling (at most a second or so ahead)
+    /// when it has one; nowhere new for a renewal, unless this run never applied a grant for the
+    /// worker id (the answer to the claim that took it was lost), when the mark it finds applies.
+    fn floor(&self, worker_id: u16, mark_ms: u64, continued: bool, renewal: bool) -> Option<u64> {
+        if renewal {
+            return (self.state.granted_worker_id() != Some(worker_id)).then_some(mark_ms);
+        }
+        let own_ceiling = self
+            .recorded
+            .as_ref()
+            .filter(|ceiling| continued && ceiling.worker_id == worker_id)
+            .map(|ceiling| ceiling.below_ms);
+        Some(own_ceiling.map_or(mark_ms, |ceiling| ceiling.min(mark_ms)))
+    }
+
+    /// The ceiling already recorded for `worker_id`, which a new one must not go below.
+    fn ceiling_of(&self, worker_id: u16) -> u64 {
+        let held = self
+            .holding
+            .as_ref()
+            .filter(|held| held.worker_id == worker_id);
+        let recorded = self
+            .recorded
+            .as_ref()
+            .filter(|ceiling| ceiling.worker_id == worker_id);
+        held.map(|held| held.ceiling_ms)
+            .or(recorded.map(|ceiling| ceiling.below_ms))
+            .unwrap_or(0)
+    }
+
+    fn lose_lease(&mut self) {
+        self.state.close_gate(&SystemClock);
+        self.holding = None;
+        self.claiming = self.configured;
+    }
+
+    /// Moves the ceiling on while the lease is held; returns how soon to look again.
+    fn keep_ceiling(&mut self) -> Option<Duration> {
+        self.holding.as_ref()?;
+        if let Some(error) = self.raise_ceiling(None) {
+            shmem::update_lease_status(|status| status.last_error = Text::new(&error));
+        }
+        self.timing.ceiling_lead.map(Timing::ceiling_check_every)
+    }
+
+    /// Opens the gate for the lease held, applying `floor_ms`. With the lease table on this server,
+    /// first moves the ceiling on when less than `Timing::ceiling_refresh_below` of it is left (or
+    /// at once with a new floor) and records it durably, so that ids pass only below a recorded
+    /// ceiling. Returns why the ceiling could not be recorded: issuing then stops at the old one.
+    fn raise_ceiling(&mut self, floor_ms: Option<u64>) -> Option<String> {
+        let held = self
+            .holding
+            .as_mut()
+            .expect("called while the lease is held");
+        let Some(lead) = self.timing.ceiling_lead else {
+            self.state
+                .open_gate(&grant(held, held.reserved_until_ms, floor_ms));
+            return None;
+        };
+        let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
+        let refresh_ms = Timing::ceiling_refresh_below(lead).as_millis() as u64;
+        let mut error = None;
+        if floor_ms.is_some() || held.ceiling_ms <= now_ms + refresh_ms {
+            // Never below the floor or an id issued: the next run of this server starts here.
+            let wanted = (now_ms + lead.as_millis() as u64)
+                .max(floor_ms.unwrap_or(0))
+                .max(self.state.next_free_millis())
+                .max(held.ceiling_ms);
+            let ceiling = Ceiling {
+                holder: self.me.holder.clone(),
+                worker_id: held.worker_id,
+                below_ms: wanted,
+            };
+            match ceiling.write(&self.data_directory) {
+                Ok(()) => {
+                    held.ceiling_ms = wanted;
+                    self.recorded = Some(ceiling);
+                }
+                Err(failure) => {
+                    error = Some(format!(
+                        "could not record the ceiling in {}: {failure}",
+                        crate::ceiling::FILE_NAME
+                    ))
+                }
+            }
+        }
+        let reserved = held.reserved_until_ms.min(held.ceiling_ms);
+        self.state.open_gate(&grant(held, reserved, floor_ms));
+        error
+    }
+}
+
+fn grant(held: &Holding, reserved_until_ms: u64, floor_ms: Option<u64>) -> Grant {
     Grant {
         worker_id: held.worker_id,
         floor_ms,
-        reserved_until_ms: held.reserved_until_ms.min(held.ceiling_ms),
+        reserved_until_ms,
         deadline_ns: held.deadline_ns,
     }
 }
@@ -360,10 +452,16 @@ impl Registry {
                 Registry::Local { database }
             }
             Some(conninfo) => {
-                let mut config: postgres::Config = conninfo.parse().unwrap_or_else(|_| {
-                    // The parser's message may quote the connection string, password included.
-                    error!("snowid.registry is not a valid libpq connection string")
-                });
+                let Ok(mut config) = conninfo.parse::<postgres::Config>() else {
+                    // Not the parser's message: it may quote the connection string, password
+                    // included. Only a restart changes the setting, so wait for one.
+                    shmem::update_lease_status(|status| {
+                        status.last_error =
+                            Text::new("snowid.registry is not a valid libpq connection string")
+                    });
+                    while sleep_unless_stopped(Duration::from_secs(3600)) {}
+                    return None;
+                };
                 let timeout_ms = NETWORK_TIMEOUT.as_millis();
                 config
                     .connect_timeout(NETWORK_TIMEOUT)
@@ -402,20 +500,22 @@ impl Registry {
             }
             None => lease::CLAIM_ANY_SQL,
         };
-        let takeover_on_expiry = !self.is_local();
         params.extend([
             Param::Text(&me.holder),
             Param::Text(&me.incarnation),
             Param::Text(&me.name),
             Param::Big(timing.ttl.as_millis() as i64),
             Param::Big(reserve_until_ms as i64),
-            Param::Bool(takeover_on_expiry),
         ]);
+        if worker_id.is_some() {
+            params.push(Param::Bool(!self.is_local()));
+        }
+        params.push(Param::Big(i64::from(shmem::timeline())));
         let row = match self {
             Registry::Local { database } => {
                 let database = database.as_str();
                 let params = &params;
-                BackgroundWorker::transaction(|| {
+                in_transaction(|| {
                     local_ready(database)?;
                     Spi::connect(|client| {
                         let args: Vec<_> = params.iter().map(Param::datum).collect();
@@ -428,6 +528,8 @@ impl Registry {
                             holder_name: row.get(5)?,
                             expires_at_unix_ms: row.get(6)?,
                             continued: row.get(7)?,
+                            renewal: row.get(8)?,
+                            released: row.get(9)?,
                         })
                     })
                     .map_err(|error: pgrx::spi::SpiError| error.to_string())
@@ -446,6 +548,8 @@ impl Registry {
                     holder_name: row.get(4),
                     expires_at_unix_ms: row.get(5),
                     continued: row.get(6),
+                    renewal: row.get(7),
+                    released: row.get(8),
                 }
             }
         };
@@ -456,8 +560,10 @@ impl Registry {
     fn release(&mut self, me: &Claimant, worker_id: u16, high_water_ms: u64) -> Result<(), String> {
         let worker_id = i32::from(worker_id);
         let high_water = high_water_ms as i64;
+        let timeline = i64::from(shmem::timeline());
         match self {
-            Registry::Local { .. } => BackgroundWorker::transaction(|| {
+            Registry::Local { database } => in_transaction(|| {
+                local_ready(database)?;
                 Spi::get_one_with_args::<bool>(
                     lease::RELEASE_SQL,
                     &[
@@ -465,6 +571,7 @@ impl Registry {
                         me.holder.as_str().into(),
                         me.incarnation.as_str().into(),
                         high_water.into(),
+                        timeline.into(),
                     ],
                 )
                 .map(|_| ())
@@ -474,7 +581,13 @@ impl Registry {
                 .remote(|client| {
                     client.query_one(
                         lease::RELEASE_SQL,
-                        &[&worker_id, &me.holder, &me.incarnation, &high_water],
+                        &[
+                            &worker_id,
+                            &me.holder,
+                            &me.incarnation,
+                            &high_water,
+                            &timeline,
+                        ],
                     )
                 })
                 .map(|_| ()),
@@ -572,7 +685,7 @@ impl Param<'_> {
 fn await_database(database: &str) -> Option<()> {
     BackgroundWorker::connect_worker_to_spi(None, None);
     loop {
-        if BackgroundWorker::transaction(|| shmem::database_exists(database)) {
+        if in_transaction(|| Ok(shmem::database_exists(database))) == Ok(true) {
             shmem::update_lease_status(|status| {
                 status.connect_pending = false;
                 status.worker_started_ns = 0;
@@ -594,11 +707,34 @@ fn await_database(database: &str) -> Option<()> {
     }
 }
 
-/// Prepares a transaction in the local registry: waits bounded well inside the ceiling's lead, and
-/// the lease functions present.
+/// Runs `body` in a transaction of its own. An error raised inside (a lock or statement timeout,
+/// say) aborts the transaction and comes back as `Err`, and the worker lives on: the lease it holds
+/// runs until its deadline meanwhile.
+fn in_transaction<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    let body = AssertUnwindSafe(body);
+    PgTryBuilder::new(AssertUnwindSafe(|| BackgroundWorker::transaction(body)))
+        .catch_others(|error| {
+            shmem::abort_transaction();
+            Err(match error {
+                CaughtError::PostgresError(report)
+                | CaughtError::ErrorReport(report)
+                | CaughtError::RustPanic {
+                    ereport: report, ..
+                } => report.message().to_string(),
+            })
+        })
+        .execute()
+}
+
+/// Prepares a transaction in the local registry: waits bounded well inside the ceiling's lead, a
+/// commit that waits for no standby (a synchronous standby that is down must not stop the worker),
+/// and the lease functions present.
 fn local_ready(database: &str) -> Result<(), String> {
-    Spi::run("SET LOCAL statement_timeout = '500ms'; SET LOCAL lock_timeout = '500ms'")
-        .map_err(|error| error.to_string())?;
+    Spi::run(
+        "SET LOCAL statement_timeout = '500ms'; SET LOCAL lock_timeout = '500ms';
+         SET LOCAL synchronous_commit = local",
+    )
+    .map_err(|error| error.to_string())?;
     if Spi::get_one::<bool>(lease::READY_SQL)
         .ok()
         .flatten()

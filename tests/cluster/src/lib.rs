@@ -104,21 +104,9 @@ impl Cluster {
     /// name, port, data directory path and socket directory. The copy's files live in a directory of
     /// their own, bind-mounted over this cluster's directory in a mount namespace of the copy's
     /// server; a network namespace of its own, with only a loopback interface, frees the port.
-    /// Clients reach it through its unix socket, whose file lies in the copy's directory.
-    ///
-    /// `None`, with a note printed, when namespaces cannot be made here (they need root).
-    pub fn copy_at_same_place(&self, name: &str) -> Option<Cluster> {
-        let namespaces_allowed = is_root()
-            && Command::new("unshare")
-                .args(["-m", "-n", "true"])
-                .status()
-                .is_ok_and(|status| status.success());
-        if !namespaces_allowed {
-            println!(
-                "skipped a copy at the same place: this machine lets the tests make no namespaces"
-            );
-            return None;
-        }
+    /// Clients reach it through its unix socket, whose file lies in the copy's directory. Needs
+    /// root, as the tests have when they run the servers as `postgres`.
+    pub fn copy_at_same_place(&self, name: &str) -> Cluster {
         let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{}", self.port));
         let mut copy = self.base_backup_into(dir, self.port, &[]);
         copy.host = copy.dir.display().to_string();
@@ -143,7 +131,32 @@ impl Cluster {
             String::from_utf8_lossy(&output.stderr),
             copy.log()
         );
-        Some(copy)
+        copy
+    }
+
+    /// A copy of this cluster's data directory made with `cp -a` while it was stopped (a cold
+    /// backup, a file-system copy), started on a port of its own.
+    pub fn cold_copy(&self, name: &str) -> Cluster {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let copy = Cluster {
+            port,
+            host: "127.0.0.1".into(),
+            dir,
+            bindir: self.bindir.clone(),
+            clock_offset_file: None,
+        };
+        chown_to_postgres(&copy.dir);
+        let status = Command::new("cp")
+            .args(["-a", &self.data(), &copy.data()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        copy.move_to_own_port();
+        copy.pg_ctl("start");
+        copy
     }
 
     /// A base backup of this running cluster, not started: see [`Cluster::start_recovering`].
@@ -274,7 +287,13 @@ impl Cluster {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
         let copy = self.base_backup_into(dir, port, options);
-        let conf = Path::new(&copy.data()).join("postgresql.auto.conf");
+        copy.move_to_own_port();
+        copy
+    }
+
+    /// Points a copy's settings at its own port and socket directory.
+    fn move_to_own_port(&self) {
+        let conf = Path::new(&self.data()).join("postgresql.auto.conf");
         let settings = fs::read_to_string(&conf).unwrap();
         let settings: String = settings
             .lines()
@@ -286,12 +305,12 @@ impl Cluster {
         fs::write(
             &conf,
             format!(
-                "{settings}port = {port}\nunix_socket_directories = '{}'\n",
-                copy.dir.display()
+                "{settings}port = {}\nunix_socket_directories = '{}'\n",
+                self.port,
+                self.dir.display()
             ),
         )
         .unwrap();
-        copy
     }
 
     /// A `pg_basebackup` of this running cluster into `dir`/data, with this cluster's settings; its

@@ -79,6 +79,17 @@ fn held_by(holder: &str) -> String {
     )
 }
 
+/// The refusal of a server whose lease table says that `holder` released worker id 5 at a clean
+/// shutdown, while this server may be a copy of it.
+fn released_by(holder: &str) -> String {
+    format!(
+        "55000: snowid refuses to issue ids: worker id {WORKER_ID} was released by {holder}, and \
+         this server may be a copy of it HINT: Give this server another snowid.worker_id and \
+         restart it, or, once {holder} is stopped for good, run SELECT snowid_handover({WORKER_ID}) \
+         on this server."
+    )
+}
+
 const IN_RECOVERY: &str = "25006: snowid cannot issue ids on a server in recovery HINT: Make ids \
                            on the primary; once this server is promoted it issues as soon as it \
                            holds the lease.";
@@ -267,9 +278,7 @@ fn a_clone_at_the_same_host_port_and_path_never_issues() {
     let mut ids = Ids::default();
     let (original, mut original_client) = short_lease_server("same-place");
     issue(&mut ids, "original", &mut original_client, 100);
-    let Some(copy) = original.copy_at_same_place("same-place-copy") else {
-        return;
-    };
+    let copy = original.copy_at_same_place("same-place-copy");
     let mut copy_client = copy.connect();
     // The copy is where the original is, by everything a server can see of its place.
     let place =
@@ -901,4 +910,78 @@ fn a_missing_lease_database_is_named_and_its_failed_connection_logged_once() {
         "held"
     );
     assert!(next(&mut client).is_ok());
+}
+
+#[test]
+fn a_cold_copy_of_a_cleanly_stopped_server_refuses_beside_it() {
+    let _machine = beside_others();
+    let mut ids = Ids::default();
+    let (original, mut client) = short_lease_server("cold-original");
+    issue(&mut ids, "cold-original", &mut client, 100);
+    drop(client);
+    original.stop("fast");
+    // Copied while stopped, so the copy's lease table shows worker id 5 released by the original.
+    let copy = original.cold_copy("cold-copy");
+    original.start_again();
+    let mut original_client = original.connect();
+    assert_eq!(original.wait_for_lease(&mut original_client), "held");
+    let mut copy_client = copy.connect();
+    let holder = holder_name("cold-original", &original);
+    wait_held_by(&mut copy_client, &holder);
+    watch_copy_refuse_beside_original(
+        &mut ids,
+        ("cold-original", &mut original_client),
+        ("cold-copy", &mut copy_client),
+        &released_by(&holder),
+    );
+}
+
+#[test]
+fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
+    let _machine = beside_others();
+    let (cluster, mut client) = short_lease_server("locked");
+    let worker_pid = |client: &mut Client| -> i32 {
+        client
+            .query_one(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let before = worker_pid(&mut client);
+    client
+        .batch_execute("CREATE ROLE writer IN ROLE pg_write_all_data")
+        .unwrap();
+    let mut locker = cluster.connect();
+    locker
+        .batch_execute(
+            "BEGIN; SET LOCAL ROLE writer;
+             LOCK TABLE snowid.worker_lease IN ACCESS EXCLUSIVE MODE",
+        )
+        .unwrap();
+    let last_error = |client: &mut Client| -> Option<String> {
+        client
+            .query_one("SELECT last_error FROM snowid_status()", &[])
+            .unwrap()
+            .get(0)
+    };
+    wait_for(
+        "the worker to report the lock",
+        Duration::from_secs(5),
+        || last_error(&mut client).as_deref() == Some("canceling statement due to lock timeout"),
+    );
+    assert_eq!(worker_pid(&mut client), before);
+    locker.batch_execute("COMMIT").unwrap();
+    assert_eq!(
+        wait_for_lease_state(&mut client, "held", Duration::from_secs(5)),
+        "held"
+    );
+    assert_eq!(last_error(&mut client), None);
+    assert!(next(&mut client).is_ok());
+    assert_eq!(
+        worker_pid(&mut client),
+        before,
+        "the same worker throughout"
+    );
 }

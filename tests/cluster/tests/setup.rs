@@ -54,6 +54,33 @@ fn an_unset_worker_id_refuses_with_a_hint() {
 }
 
 #[test]
+fn any_worker_id_without_a_shared_registry_refuses_with_a_hint() {
+    let cluster = Cluster::start("any-local", &[PRELOADED, "snowid.any_worker_id = on"]);
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let expected = "55000: snowid.any_worker_id needs a shared registry in snowid.registry HINT: \
+                    Set snowid.worker_id, or name the fleet's registry in snowid.registry, and \
+                    restart the server.";
+    for statement in ["SELECT snowid_next()", "SELECT snowid_next_batch(10)"] {
+        assert_eq!(
+            error_text(&client.simple_query(statement).unwrap_err()),
+            expected
+        );
+    }
+    let workers: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        workers, 0,
+        "no lease worker picks a worker id from a table copies share"
+    );
+}
+
+#[test]
 fn a_worker_id_out_of_range_is_ignored_with_a_warning_and_refuses() {
     let cluster = Cluster::start("worker-too-big", &[PRELOADED, "snowid.worker_id = 1024"]);
     assert!(cluster.log().contains(

@@ -15,14 +15,27 @@ SELECT pg_describe_object(d.classid, d.objid, 0) || coalesce(' ' || (
            SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull, ', ' ORDER BY a.attnum)
              FROM pg_attribute a WHERE d.classid = 'pg_class'::regclass AND a.attrelid = d.objid AND a.attnum > 0), '')
        || coalesce(' ' || (SELECT c.relacl::text FROM pg_class c WHERE d.classid = 'pg_class'::regclass AND c.oid = d.objid), '')
+       || coalesce(' ' || (
+           SELECT string_agg(con.conname || ' ' || pg_get_constraintdef(con.oid), ', ' ORDER BY con.conname)
+             FROM pg_constraint con WHERE d.classid = 'pg_class'::regclass AND con.conrelid = d.objid), '')
+       || coalesce(' ' || (
+           SELECT string_agg(pg_get_triggerdef(t.oid), ', ' ORDER BY t.tgname)
+             FROM pg_trigger t WHERE d.classid = 'pg_class'::regclass AND t.tgrelid = d.objid), '')
+       || coalesce(' ' || (
+           SELECT string_agg(a.attname || ': ' || col_description(a.attrelid, a.attnum), ', ' ORDER BY a.attnum)
+             FROM pg_attribute a WHERE d.classid = 'pg_class'::regclass AND a.attrelid = d.objid
+              AND col_description(a.attrelid, a.attnum) IS NOT NULL), '')
+       || coalesce(' ' || obj_description(d.objid, d.classid::regclass::name), '')
   FROM pg_depend d
  WHERE d.refclassid = 'pg_extension'::regclass
    AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'snowid')
    AND d.deptype = 'e'
+ UNION ALL
+SELECT 'tables pg_dump keeps: ' || extconfig::regclass[]::text FROM pg_extension WHERE extname = 'snowid'
  ORDER BY 1";
 
 /// How many objects a fresh install of the current version has.
-const FRESH_MEMBERS: usize = 15;
+const FRESH_MEMBERS: usize = 16;
 
 /// The refusal of a server whose lease worker finds an older version installed in its database.
 const OLD_VERSION_INSTALLED: &str =
