@@ -36,18 +36,8 @@ impl Cluster {
 
     fn create(name: &str, settings: &[&str], fake_clock: bool) -> Cluster {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
         let bindir = PathBuf::from(pg_config("--bindir"));
-        let mut cluster = Cluster {
-            port,
-            host: "127.0.0.1".into(),
-            dir,
-            bindir,
-            clock_offset_file: None,
-        };
-        chown_to_postgres(&cluster.dir);
+        let mut cluster = Cluster::unstarted(directory_for(name, port), port, bindir);
         cluster.as_postgres(
             &[
                 "initdb",
@@ -107,8 +97,7 @@ impl Cluster {
     /// Clients reach it through its unix socket, whose file lies in the copy's directory. Needs
     /// root, as the tests have when they run the servers as `postgres`.
     pub fn copy_at_same_place(&self, name: &str) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{}", self.port));
-        let mut copy = self.base_backup_into(dir, self.port, &[]);
+        let mut copy = self.base_backup_into(directory_for(name, self.port), self.port, &[]);
         copy.host = copy.dir.display().to_string();
         // Inside the namespaces: the loopback interface up, the copy's directory over this one's,
         // then the server started as `postgres` at this cluster's paths.
@@ -138,17 +127,7 @@ impl Cluster {
     /// backup, a file-system copy), started on a port of its own.
     pub fn cold_copy(&self, name: &str) -> Cluster {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let copy = Cluster {
-            port,
-            host: "127.0.0.1".into(),
-            dir,
-            bindir: self.bindir.clone(),
-            clock_offset_file: None,
-        };
-        chown_to_postgres(&copy.dir);
+        let copy = Cluster::unstarted(directory_for(name, port), port, self.bindir.clone());
         let status = Command::new("cp")
             .args(["-a", &self.data(), &copy.data()])
             .status()
@@ -184,17 +163,7 @@ impl Cluster {
     /// the same settings, and started.
     pub fn upgraded(&self, name: &str) -> Cluster {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let new = Cluster {
-            port,
-            host: "127.0.0.1".into(),
-            dir,
-            bindir: self.bindir.clone(),
-            clock_offset_file: None,
-        };
-        chown_to_postgres(&new.dir);
+        let new = Cluster::unstarted(directory_for(name, port), port, self.bindir.clone());
         new.as_postgres(
             &["initdb", "-A", "trust", "-U", "postgres", "-D", &new.data()],
             &[],
@@ -285,8 +254,7 @@ impl Cluster {
     /// A `pg_basebackup` of this running cluster with extra `options`, on a free port, not started.
     fn base_backup(&self, name: &str, options: &[&str]) -> Cluster {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"));
-        let copy = self.base_backup_into(dir, port, options);
+        let copy = self.base_backup_into(directory_for(name, port), port, options);
         copy.move_to_own_port();
         copy
     }
@@ -316,16 +284,7 @@ impl Cluster {
     /// A `pg_basebackup` of this running cluster into `dir`/data, with this cluster's settings; its
     /// clients will connect to `port`.
     fn base_backup_into(&self, dir: PathBuf, port: u16, options: &[&str]) -> Cluster {
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let copy = Cluster {
-            port,
-            host: "127.0.0.1".into(),
-            dir,
-            bindir: self.bindir.clone(),
-            clock_offset_file: None,
-        };
-        chown_to_postgres(&copy.dir);
+        let copy = Cluster::unstarted(dir, port, self.bindir.clone());
         let port_text = self.port.to_string();
         let data = copy.data();
         let mut args = vec![
@@ -344,6 +303,21 @@ impl Cluster {
         args.extend_from_slice(options);
         copy.as_postgres(&args, &[]);
         copy
+    }
+
+    /// A cluster that will live in `dir` (emptied, and owned by the server's user) on `port`,
+    /// with nothing in it yet.
+    fn unstarted(dir: PathBuf, port: u16, bindir: PathBuf) -> Cluster {
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        chown_to_postgres(&dir);
+        Cluster {
+            port,
+            host: "127.0.0.1".into(),
+            dir,
+            bindir,
+            clock_offset_file: None,
+        }
     }
 
     fn data(&self) -> String {
@@ -524,6 +498,10 @@ fn server_command(program: &str) -> Command {
         .env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE");
     command
+}
+
+fn directory_for(name: &str, port: u16) -> PathBuf {
+    std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"))
 }
 
 fn pg_config(flag: &str) -> String {
