@@ -42,13 +42,15 @@ DROP FUNCTION snowid.lease_release(integer, text, text, bigint);
 -- another system identifier (pg_upgrade), or on a later timeline (a standby promoted after its
 -- primary stopped). floor_ms is the row's high-water mark before this claim, above which a new
 -- holder starts; `continued` says whether this holder held the row already, `renewal` whether
--- this run of it did; every claim raises the mark to the claimant's reservation.
+-- this run of it did, and `tenure` (when this run took the row, in microseconds since 1970) lets it
+-- tell a renewal of the grant it applied from one whose first answer it never got; every claim
+-- raises the mark to the claimant's reservation.
 CREATE FUNCTION snowid.lease_claim(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
     p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
     OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
-    OUT renewal boolean, OUT released boolean)
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -81,8 +83,9 @@ BEGIN
            high_water_ms = greatest(l.high_water_ms, p_reserve_until_ms),
            released_by = NULL, released_timeline = NULL
      WHERE l.worker_id = p_worker_id
-    RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint
-         INTO reserved_until_ms, holder_name, expires_at_unix_ms;
+    RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint,
+              (extract(epoch FROM l.acquired_at) * 1000000)::bigint
+         INTO reserved_until_ms, holder_name, expires_at_unix_ms, tenure;
 END
 $$;
 
@@ -94,7 +97,7 @@ CREATE FUNCTION snowid.lease_claim_any(
     p_timeline bigint,
     OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
-    OUT renewal boolean, OUT released boolean)
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -116,9 +119,9 @@ BEGIN
         RETURN;
     END IF;
     SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
-           c.continued, c.renewal, c.released
+           c.continued, c.renewal, c.released, c.tenure
       INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
-           continued, renewal, released
+           continued, renewal, released, tenure
       FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
                               p_reserve_until_ms, true, p_timeline) c;
 END

@@ -65,7 +65,7 @@ impl SnowidError {
             SnowidError::Refused(Refused { refusal: Refusal::NotLeased, .. }) => {
                 let status = shmem::lease_status();
                 let worker_id = status.worker_id.or(gucs::worker_id());
-                ErrorReport::new(
+                let report = ErrorReport::new(
                     ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                     format!(
                         "snowid refuses to issue ids: {}",
@@ -73,7 +73,11 @@ impl SnowidError {
                     ),
                     function,
                 )
-                .set_hint(lease::refusal_hint(&status, worker_id))
+                .set_hint(lease::refusal_hint(&status, worker_id));
+                match lease::refusal_detail(&status) {
+                    Some(detail) => report.set_detail(detail),
+                    None => report,
+                }
             }
             SnowidError::Refused(Refused { refusal: Refusal::ClockBehind { by_ms }, first_of_episode }) => clock_refusal(
                 format!(": the system clock is {by_ms} ms behind the ids already issued for this worker id"),

@@ -341,14 +341,6 @@ impl IssuingState {
         now.max(last) + 1
     }
 
-    /// The worker id of the latest grant since the server started.
-    pub fn granted_worker_id(&self) -> Option<u16> {
-        match self.grants.worker_id_plus_one.load(Ordering::SeqCst) {
-            0 => None,
-            plus_one => Some((plus_one - 1) as u16),
-        }
-    }
-
     /// The first millisecond above every id issued and every floor applied.
     pub fn next_free_millis(&self) -> u64 {
         layout::stamp_millis(self.last_stamp.load(Ordering::SeqCst)) + 1
@@ -607,7 +599,6 @@ mod tests {
             worker_id: 3,
             ..OPEN
         });
-        assert_eq!(state.granted_worker_id(), Some(3));
         clock.then(&[T, T, T + 1]);
         let run = state.issue(&clock, &waiter, 1, 5).unwrap();
         assert_eq!((run.first, run.worker_id), (stamp(T + 1, 0), 3));

@@ -32,14 +32,14 @@ use std::time::Duration;
 pub struct Timing {
     pub ttl: Duration,
     /// How far ahead of the clock the ceiling recorded in the data directory runs, with the lease
-    /// table on this server: longer than the worker's longest call to it, so that issuing never
-    /// waits for the worker, and short, since a server restarted after a crash waits until its
+    /// table on this server: longer than the worker's calls to it take, so that issuing does not
+    /// wait for the worker, and short, since a server restarted after a crash waits until its
     /// clock passes it. `None` with a shared registry, where a crashed server's next run starts
     /// above the mark: a clone of its whole disk would find the same ceiling.
     pub ceiling_lead: Option<Duration>,
 }
 
-/// The ceiling's lead; the worker bounds each call to the lease table on this server to 500 ms.
+/// The ceiling's lead; the worker waits at most 500 ms for a lock on the lease table.
 pub const CEILING_LEAD: Duration = Duration::from_secs(1);
 
 impl Timing {
@@ -158,6 +158,8 @@ pub struct Status {
     /// A random number drawn when the server's shared memory was set up: with the server's name it
     /// tells this run of the server from an earlier one and from a copy.
     pub incarnation: u64,
+    /// The tenure of the grant the gate was last opened with (see `floor_of_grant`).
+    pub applied_tenure: Option<i64>,
     /// When the lease worker last started unplanned (CLOCK_MONOTONIC ns; 0: never, or planned), so
     /// that a worker failing at once is restarted at most once a second.
     pub worker_started_ns: u64,
@@ -203,6 +205,13 @@ pub fn refusal_reason(status: &Status, worker_id: Option<u16>) -> String {
         ),
         State::Released => format!("the lease on {worker_id} was released: the server is shutting down"),
     }
+}
+
+/// Why a server refuses a worker id that only a handover frees, when it does.
+pub fn refusal_detail(status: &Status) -> Option<&'static str> {
+    (status.state == State::HeldByOther && status.handover_needed).then_some(
+        "The lease table is in this server's own database, so it cannot see whether that server still issues ids. This server counts as another server when its data directory is a copy (a clone, a standby, a restored backup, a snapshot), or lies on another device than when the lease was taken.",
+    )
 }
 
 /// What the operator can do about a refusal for a closed gate.
@@ -256,6 +265,8 @@ pub enum Claim {
         expires_at: i64,
         continued: bool,
         renewal: bool,
+        /// When this run of the holder took the row (microseconds since 1970).
+        tenure: i64,
     },
     /// Another server holds the lease, or `released` it while this server may be a copy of it.
     HeldByOther {
@@ -280,6 +291,7 @@ pub struct ClaimRow {
     pub continued: Option<bool>,
     pub renewal: Option<bool>,
     pub released: Option<bool>,
+    pub tenure: Option<i64>,
 }
 
 impl ClaimRow {
@@ -304,8 +316,35 @@ impl ClaimRow {
             expires_at,
             continued: self.continued == Some(true),
             renewal: self.renewal == Some(true),
+            tenure: self.tenure.unwrap_or(0),
         }
     }
+}
+
+/// Where the ids of a grant start, above every id issued before under its worker id; `None` leaves
+/// the generator as it is. `applied_tenure` is the tenure of the grant this run of the server last
+/// applied, `own_ceiling_ms` this server's ceiling for the worker id, if it recorded one.
+pub fn floor_of_grant(
+    mark_ms: u64,
+    continued: bool,
+    renewal: bool,
+    tenure: i64,
+    applied_tenure: Option<i64>,
+    own_ceiling_ms: Option<u64>,
+) -> Option<u64> {
+    if renewal && applied_tenure == Some(tenure) {
+        // A renewal of the grant in force: its floor is applied already.
+        return None;
+    }
+    Some(match own_ceiling_ms {
+        // A new run of the holder that held the row already: nobody else issued under the worker
+        // id since, and its own ceiling, at most a second or so ahead, bounds what it issued.
+        Some(ceiling) if continued && !renewal => ceiling,
+        // A new holder, or a renewal of a grant never applied (the answer to the claim that took
+        // the row was lost): above the mark, and above what this server itself issued before.
+        Some(ceiling) => ceiling.max(mark_ms),
+        None => mark_ms,
+    })
 }
 
 /// Whether the postmaster is shutting down, from the text of its `postmaster.pid`, whose eighth
@@ -326,14 +365,14 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// lease of another holder may be taken, this server's timeline. One row, read as a [`ClaimRow`].
 pub const CLAIM_SQL: &str =
     "SELECT $1::integer, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
-            continued, renewal, released \
+            continued, renewal, released, tenure \
      FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// Claims a lease on any free worker id of a shared registry. Parameters: as `CLAIM_SQL` without
 /// the worker id and whether expired leases may be taken (they may). Row: as `CLAIM_SQL`.
 pub const CLAIM_ANY_SQL: &str =
     "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
-            continued, renewal, released \
+            continued, renewal, released, tenure \
      FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6)";
 
 /// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark,
@@ -387,6 +426,7 @@ mod tests {
             continued: Some(continued),
             renewal: Some(false),
             released: Some(false),
+            tenure: Some(1_795_953_600_000_000),
         }
     }
 
@@ -399,7 +439,8 @@ mod tests {
                 reserved_until_ms: 30_500,
                 expires_at: 9,
                 continued: false,
-                renewal: false
+                renewal: false,
+                tenure: 1_795_953_600_000_000
             }
         );
         let renewal = ClaimRow {
@@ -413,7 +454,8 @@ mod tests {
                 reserved_until_ms: 30_500,
                 expires_at: 9,
                 continued: true,
-                renewal: true
+                renewal: true,
+                tenure: 1_795_953_600_000_000
             }
         );
         let refused = ClaimRow {
@@ -443,6 +485,49 @@ mod tests {
                 expires_at: 0,
                 released: true
             }
+        );
+    }
+
+    #[test]
+    fn a_grant_starts_above_every_id_issued_before() {
+        const MARK: u64 = 30_000;
+        const CEILING: u64 = 1_000;
+        // A renewal of the grant in force changes nothing.
+        assert_eq!(
+            floor_of_grant(MARK, true, true, 7, Some(7), Some(CEILING)),
+            None
+        );
+        // A renewal of a grant this run never applied starts above the mark.
+        assert_eq!(
+            floor_of_grant(MARK, true, true, 8, Some(7), None),
+            Some(MARK)
+        );
+        assert_eq!(
+            floor_of_grant(MARK, true, true, 8, None, Some(CEILING)),
+            Some(MARK)
+        );
+        assert_eq!(
+            floor_of_grant(MARK, true, true, 8, None, Some(40_000)),
+            Some(40_000)
+        );
+        // A restart of the holder that held the row starts above its own ceiling.
+        assert_eq!(
+            floor_of_grant(MARK, true, false, 8, None, Some(CEILING)),
+            Some(CEILING)
+        );
+        assert_eq!(floor_of_grant(MARK, true, false, 8, None, None), Some(MARK));
+        // A new holder starts above the mark, and above its own ceiling from an earlier tenure.
+        assert_eq!(
+            floor_of_grant(MARK, false, false, 8, None, Some(CEILING)),
+            Some(MARK)
+        );
+        assert_eq!(
+            floor_of_grant(0, false, false, 8, Some(3), Some(CEILING)),
+            Some(CEILING)
+        );
+        assert_eq!(
+            floor_of_grant(MARK, false, false, 8, Some(3), None),
+            Some(MARK)
         );
     }
 
@@ -550,6 +635,23 @@ mod tests {
             refusal_hint(&status, Some(7)),
             "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."
         );
+    }
+
+    #[test]
+    fn only_a_row_that_needs_a_handover_explains_why() {
+        let mut status = Status {
+            state: State::HeldByOther,
+            handover_needed: true,
+            ..Status::default()
+        };
+        assert!(refusal_detail(&status)
+            .unwrap()
+            .starts_with("The lease table is in this server's own database"));
+        status.state = State::RegistryUnreachable;
+        assert_eq!(refusal_detail(&status), None);
+        status.state = State::HeldByOther;
+        status.handover_needed = false;
+        assert_eq!(refusal_detail(&status), None);
     }
 
     #[test]

@@ -75,9 +75,10 @@ impl Claimant {
     }
 }
 
-/// What tells a data directory from every copy of it: its inode number and birth time, which a
-/// restart, a move or a rename keeps and a copy, made anew, does not. Where the file system records
-/// no birth time, its device number stands in.
+/// What tells a data directory from every copy of it: its device, inode number and birth time
+/// (where the file system records one). A restart keeps them, and so do a new host name or port and
+/// a rename within the file system; a copy, made anew, has another inode number or birth time, and a
+/// snapshot mounted beside the original another device.
 fn data_directory_identity(path: &str) -> std::io::Result<String> {
     use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
     let stat = statx(
@@ -86,17 +87,15 @@ fn data_directory_identity(path: &str) -> std::io::Result<String> {
         AtFlags::empty(),
         StatxFlags::INO | StatxFlags::BTIME,
     )?;
-    Ok(if stat.stx_mask & StatxFlags::BTIME.bits() != 0 {
-        format!(
-            "inode {} born {}.{:09}",
-            stat.stx_ino, stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec
-        )
+    let born = if stat.stx_mask & StatxFlags::BTIME.bits() != 0 {
+        format!("{}.{:09}", stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec)
     } else {
-        format!(
-            "inode {} on device {}:{}",
-            stat.stx_ino, stat.stx_dev_major, stat.stx_dev_minor
-        )
-    })
+        "unknown".into()
+    };
+    Ok(format!(
+        "device {}:{} inode {} born {born}",
+        stat.stx_dev_major, stat.stx_dev_minor, stat.stx_ino
+    ))
 }
 
 /// The lease this worker holds, as far as the gate goes.
@@ -154,10 +153,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
             break;
         }
     }
-    stop(
-        state,
-        Some((&mut worker.registry, &worker.me, worker.holding)),
-    );
+    stop(state, Some(&mut worker));
 }
 
 /// The lease worker's state between claims.
@@ -192,9 +188,23 @@ impl LeaseWorker {
                     expires_at,
                     continued,
                     renewal,
+                    tenure,
                 },
             )) => {
-                let floor_ms = self.floor(worker_id, mark_ms, continued, renewal);
+                let own_ceiling = self
+                    .recorded
+                    .as_ref()
+                    .filter(|ceiling| ceiling.worker_id == worker_id)
+                    .map(|ceiling| ceiling.below_ms);
+                let applied_tenure = shmem::lease_status().applied_tenure;
+                let floor_ms = lease::floor_of_grant(
+                    mark_ms,
+                    continued,
+                    renewal,
+                    tenure,
+                    applied_tenure,
+                    own_ceiling,
+                );
                 let held = Holding {
                     worker_id,
                     reserved_until_ms,
@@ -214,6 +224,8 @@ impl LeaseWorker {
                     status.high_water_ms = reserved_until_ms;
                     status.unreachable_since = 0;
                     status.handover_needed = false;
+                    // Only now that the gate applied its floor.
+                    status.applied_tenure = Some(tenure);
                     status.last_error = Text::new(&ceiling_error.unwrap_or_default());
                 });
                 self.timing.renew_every()
@@ -255,34 +267,23 @@ impl LeaseWorker {
                 unreachable!("a granted lease names its worker id")
             }
             Err(error) => {
-                shmem::update_lease_status(|status| {
+                let first_failure = shmem::update_lease_status(|status| {
                     if status.state != State::Starting {
                         status.state = State::RegistryUnreachable;
                     }
-                    if status.unreachable_since == 0 {
+                    status.last_error = Text::new(&error);
+                    let first = status.unreachable_since == 0;
+                    if first {
                         status.unreachable_since = SystemClock.unix_millis();
                     }
-                    status.last_error = Text::new(&error);
+                    first
                 });
+                if first_failure {
+                    log!("snowid lease worker could not claim the lease, and tries again every second: {error}");
+                }
                 self.timing.retry_every()
             }
         }
-    }
-
-    /// Where a grant's ids start: above the row's mark for a new holder; for a new run of the
-    /// holder that held the row already, above its own ceiling (at most a second or so ahead)
-    /// when it has one; nowhere new for a renewal, unless this run never applied a grant for the
-    /// worker id (the answer to the claim that took it was lost), when the mark it finds applies.
-    fn floor(&self, worker_id: u16, mark_ms: u64, continued: bool, renewal: bool) -> Option<u64> {
-        if renewal {
-            return (self.state.granted_worker_id() != Some(worker_id)).then_some(mark_ms);
-        }
-        let own_ceiling = self
-            .recorded
-            .as_ref()
-            .filter(|ceiling| continued && ceiling.worker_id == worker_id)
-            .map(|ceiling| ceiling.below_ms);
-        Some(own_ceiling.map_or(mark_ms, |ceiling| ceiling.min(mark_ms)))
     }
 
     /// The ceiling already recorded for `worker_id`, which a new one must not go below.
@@ -302,6 +303,7 @@ impl LeaseWorker {
 
     fn lose_lease(&mut self) {
         self.state.close_gate(&SystemClock);
+        shmem::update_lease_status(|status| status.applied_tenure = None);
         self.holding = None;
         self.claiming = self.configured;
     }
@@ -360,6 +362,36 @@ impl LeaseWorker {
         self.state.open_gate(&grant(held, reserved, floor_ms));
         error
     }
+
+    /// Releases the lease held, with `high_water_ms` above every id issued, and lowers the ceiling
+    /// to it: the next run of this server takes the row back at once, starting there.
+    fn release(&mut self, high_water_ms: u64) {
+        let Some(held) = self.holding.take() else {
+            return;
+        };
+        if let Err(error) = self
+            .registry
+            .release(&self.me, held.worker_id, high_water_ms)
+        {
+            return log!(
+                "snowid lease worker could not release the lease on worker id {}: {error}",
+                held.worker_id
+            );
+        }
+        if self.timing.ceiling_lead.is_some() {
+            let ceiling = Ceiling {
+                holder: self.me.holder.clone(),
+                worker_id: held.worker_id,
+                below_ms: high_water_ms,
+            };
+            if let Err(error) = ceiling.write(&self.data_directory) {
+                log!(
+                    "snowid lease worker could not lower the ceiling in {}: {error}",
+                    crate::ceiling::FILE_NAME
+                );
+            }
+        }
+    }
 }
 
 fn grant(held: &Holding, reserved_until_ms: u64, floor_ms: Option<u64>) -> Grant {
@@ -403,20 +435,14 @@ fn server_stopping() -> bool {
 
 /// On SIGTERM: a worker terminated alone leaves for a new one to take over; at a shutdown, it closes
 /// the gate and releases the lease, lowering the mark to just above the last id issued.
-fn stop(state: &IssuingState, held: Option<(&mut Registry, &Claimant, Option<Holding>)>) {
+fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
     if !server_stopping() {
         shmem::exit_for_restart();
     }
     let high_water_ms = state.close_gate(&SystemClock);
     shmem::update_lease_status(|status| status.state = State::Released);
-    let Some((registry, me, Some(holding))) = held else {
-        return;
-    };
-    if let Err(error) = registry.release(me, holding.worker_id, high_water_ms) {
-        log!(
-            "snowid lease worker could not release the lease on worker id {}: {error}",
-            holding.worker_id
-        );
+    if let Some(worker) = worker {
+        worker.release(high_water_ms);
     }
 }
 
@@ -530,6 +556,7 @@ impl Registry {
                             continued: row.get(7)?,
                             renewal: row.get(8)?,
                             released: row.get(9)?,
+                            tenure: row.get(10)?,
                         })
                     })
                     .map_err(|error: pgrx::spi::SpiError| error.to_string())
@@ -550,6 +577,7 @@ impl Registry {
                     continued: row.get(6),
                     renewal: row.get(7),
                     released: row.get(8),
+                    tenure: row.get(9),
                 }
             }
         };
@@ -726,15 +754,12 @@ fn in_transaction<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, Stri
         .execute()
 }
 
-/// Prepares a transaction in the local registry: waits bounded well inside the ceiling's lead, a
-/// commit that waits for no standby (a synchronous standby that is down must not stop the worker),
-/// and the lease functions present.
+/// Prepares a transaction in the local registry: lock waits bounded well inside the ceiling's
+/// lead, a commit that waits for no standby (a synchronous standby that is down must not stop the
+/// worker), and the lease functions present.
 fn local_ready(database: &str) -> Result<(), String> {
-    Spi::run(
-        "SET LOCAL statement_timeout = '500ms'; SET LOCAL lock_timeout = '500ms';
-         SET LOCAL synchronous_commit = local",
-    )
-    .map_err(|error| error.to_string())?;
+    Spi::run("SET LOCAL lock_timeout = '500ms'; SET LOCAL synchronous_commit = local")
+        .map_err(|error| error.to_string())?;
     if Spi::get_one::<bool>(lease::READY_SQL)
         .ok()
         .flatten()

@@ -26,18 +26,24 @@ pub struct Cluster {
 impl Cluster {
     /// A running cluster whose postgresql.conf carries `settings`.
     pub fn start(name: &str, settings: &[&str]) -> Cluster {
-        Cluster::create(name, settings, false)
+        Cluster::create(&std::env::temp_dir(), name, settings, false)
+    }
+
+    /// Like [`Cluster::start`], with the cluster's directory on `volume`.
+    pub fn start_on(volume: &Volume, name: &str, settings: &[&str]) -> Cluster {
+        Cluster::create(&volume.mount, name, settings, false)
     }
 
     /// Like [`Cluster::start`], with the server's wall clock under [`Cluster::set_clock_offset`].
     pub fn start_with_fake_clock(name: &str, settings: &[&str]) -> Cluster {
-        Cluster::create(name, settings, true)
+        Cluster::create(&std::env::temp_dir(), name, settings, true)
     }
 
-    fn create(name: &str, settings: &[&str], fake_clock: bool) -> Cluster {
+    fn create(parent: &Path, name: &str, settings: &[&str], fake_clock: bool) -> Cluster {
         let port = free_port();
         let bindir = PathBuf::from(pg_config("--bindir"));
-        let mut cluster = Cluster::unstarted(directory_for(name, port), port, bindir);
+        let dir = parent.join(format!("snowid-cluster-{name}-{port}"));
+        let mut cluster = Cluster::unstarted(dir, port, bindir);
         cluster.as_postgres(
             &[
                 "initdb",
@@ -120,6 +126,27 @@ impl Cluster {
             String::from_utf8_lossy(&output.stderr),
             copy.log()
         );
+        copy
+    }
+
+    /// This cluster as it lies on `snapshot`, a block-level snapshot of the volume it runs on,
+    /// started on a port of its own beside it. The snapshot's copy of `postmaster.pid` names this
+    /// cluster's running postmaster, so it is removed first, as an operator would.
+    pub fn start_from_snapshot(&self, snapshot: &Volume) -> Cluster {
+        let relative = self
+            .dir
+            .strip_prefix(&snapshot.origin)
+            .expect("a cluster on the volume");
+        let copy = Cluster {
+            port: free_port(),
+            host: "127.0.0.1".into(),
+            dir: snapshot.mount.join(relative),
+            bindir: self.bindir.clone(),
+            clock_offset_file: None,
+        };
+        fs::remove_file(Path::new(&copy.data()).join("postmaster.pid")).unwrap();
+        copy.move_to_own_port();
+        copy.pg_ctl("start");
         copy
     }
 
@@ -472,6 +499,81 @@ impl Cluster {
         );
         output
     }
+}
+
+/// An ext4 file system in an image file, mounted through a loop device: a volume that can be
+/// snapshotted block for block, as LVM or a storage array does. Unmounted and deleted when dropped.
+pub struct Volume {
+    image: PathBuf,
+    pub mount: PathBuf,
+    /// Where the volume this one is a snapshot of is mounted; its own mount point otherwise.
+    origin: PathBuf,
+}
+
+impl Volume {
+    pub fn new(name: &str) -> Volume {
+        let image = std::env::temp_dir().join(format!("snowid-volume-{name}.img"));
+        let _ = fs::remove_file(&image);
+        run("truncate", &["-s", "512M", &image.display().to_string()]);
+        run("mkfs.ext4", &["-q", &image.display().to_string()]);
+        Volume::mount(image, name)
+    }
+
+    /// A snapshot of this volume as it is now: the file system frozen, so that it is consistent
+    /// on disk, while its blocks are copied.
+    pub fn snapshot(&self, name: &str) -> Volume {
+        let image = std::env::temp_dir().join(format!("snowid-volume-{name}.img"));
+        let mount = self.mount.display().to_string();
+        run("fsfreeze", &["--freeze", &mount]);
+        let copied = Command::new("cp")
+            .args(["--sparse=always"])
+            .arg(&self.image)
+            .arg(&image)
+            .status();
+        run("fsfreeze", &["--unfreeze", &mount]);
+        assert!(copied.unwrap().success());
+        let mut snapshot = Volume::mount(image, name);
+        snapshot.origin = self.mount.clone();
+        snapshot
+    }
+
+    fn mount(image: PathBuf, name: &str) -> Volume {
+        let mount = std::env::temp_dir().join(format!("snowid-volume-{name}"));
+        fs::create_dir_all(&mount).unwrap();
+        run(
+            "mount",
+            &[
+                "-o",
+                "loop",
+                &image.display().to_string(),
+                &mount.display().to_string(),
+            ],
+        );
+        chown_to_postgres(&mount);
+        Volume {
+            image,
+            origin: mount.clone(),
+            mount,
+        }
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = fs::remove_dir(&self.mount);
+        let _ = fs::remove_file(&self.image);
+    }
+}
+
+/// Runs a command as the tests' user, failing the test if it fails.
+fn run(program: &str, args: &[&str]) {
+    let output = Command::new(program).args(args).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 impl Drop for Cluster {

@@ -8,7 +8,7 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_text, new_holder_wait_ms, wait_for, wait_for_lease_state, Cluster,
+    error_text, new_holder_wait_ms, wait_for, wait_for_lease_state, Cluster, Volume,
 };
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -939,7 +939,9 @@ fn a_cold_copy_of_a_cleanly_stopped_server_refuses_beside_it() {
 #[test]
 fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
     let _machine = beside_others();
-    let (cluster, mut client) = short_lease_server("locked");
+    let mut ids = Ids::default();
+    // Renewed every 2 s, issuing until 5 s after the last renewal: a refused renewal leaves 3 s.
+    let (cluster, mut client) = server("locked", &["snowid.lease_ttl = 6"]);
     let worker_pid = |client: &mut Client| -> i32 {
         client
             .query_one(
@@ -966,10 +968,14 @@ fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
             .unwrap()
             .get(0)
     };
+    // Until a renewal gave up on the lock, every id is issued.
     wait_for(
         "the worker to report the lock",
         Duration::from_secs(5),
-        || last_error(&mut client).as_deref() == Some("canceling statement due to lock timeout"),
+        || {
+            issue(&mut ids, "locked", &mut client, 10);
+            last_error(&mut client).as_deref() == Some("canceling statement due to lock timeout")
+        },
     );
     assert_eq!(worker_pid(&mut client), before);
     locker.batch_execute("COMMIT").unwrap();
@@ -978,10 +984,50 @@ fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
         "held"
     );
     assert_eq!(last_error(&mut client), None);
-    assert!(next(&mut client).is_ok());
+    issue(&mut ids, "locked", &mut client, 10);
     assert_eq!(
         worker_pid(&mut client),
         before,
         "the same worker throughout"
+    );
+    assert!(cluster.log().contains(
+        "LOG:  snowid lease worker could not claim the lease, and tries again every second: \
+         canceling statement due to lock timeout"
+    ));
+    ids.assert_unique_and_increasing();
+}
+
+#[test]
+fn a_block_level_snapshot_mounted_beside_its_original_never_issues() {
+    let _machine = beside_others();
+    let mut ids = Ids::default();
+    let volume = Volume::new("original");
+    let original = Cluster::start_on(
+        &volume,
+        "snap-original",
+        &[
+            "shared_preload_libraries = 'snowid'",
+            &format!("snowid.worker_id = {WORKER_ID}"),
+            "cluster_name = 'snap-original'",
+            &format!("snowid.lease_ttl = {LEASE_TTL_S}"),
+        ],
+    );
+    let mut original_client = original.connect();
+    original_client
+        .batch_execute("CREATE EXTENSION snowid")
+        .unwrap();
+    assert_eq!(original.wait_for_lease(&mut original_client), "held");
+    issue(&mut ids, "snap-original", &mut original_client, 100);
+    // The snapshot keeps the data directory's inode number and birth time; only the device differs.
+    let snapshot_volume = volume.snapshot("snapshot");
+    let snapshot = original.start_from_snapshot(&snapshot_volume);
+    let mut snapshot_client = snapshot.connect();
+    let holder = holder_name("snap-original", &original);
+    wait_held_by(&mut snapshot_client, &holder);
+    watch_copy_refuse_beside_original(
+        &mut ids,
+        ("snap-original", &mut original_client),
+        ("snapshot", &mut snapshot_client),
+        &held_by(&holder),
     );
 }

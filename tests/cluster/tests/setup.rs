@@ -67,6 +67,8 @@ fn any_worker_id_without_a_shared_registry_refuses_with_a_hint() {
             expected
         );
     }
+    // A lease worker would have started with the server.
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let workers: i64 = client
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
