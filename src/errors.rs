@@ -8,8 +8,7 @@
 //!   until promoted, as PostgreSQL answers `nextval()` there.
 //! - class 22, data exceptions: the input is wrong, and retrying the same call fails the same way.
 
-use crate::generator::{Clock, SystemClock};
-use crate::generator::{Refusal, Refused};
+use crate::generator::{Clock, Refusal, Refused, SystemClock};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
 use crate::{gucs, lease, shmem};
 use pgrx::pg_sys::panic::ErrorReport;

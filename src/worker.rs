@@ -121,13 +121,13 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     };
     let configured = gucs::worker_id();
     let data_directory = PathBuf::from(shmem::server_identity().data_directory);
+    let timing = gucs::lease_timing();
     let mut worker = LeaseWorker {
         state,
-        timing: gucs::lease_timing(),
+        timing,
         // The ceiling serves only the lease table on this server (see `Timing::ceiling_lead`).
-        recorded: Ceiling::read(&data_directory).filter(|ceiling| {
-            ceiling.holder == me.holder && gucs::lease_timing().ceiling_lead.is_some()
-        }),
+        recorded: Ceiling::read(&data_directory)
+            .filter(|ceiling| ceiling.holder == me.holder && timing.ceiling_lead.is_some()),
         data_directory,
         me,
         registry,
