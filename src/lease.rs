@@ -364,7 +364,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// holder's name, time-to-live in ms, reservation in ms since the snowid epoch, whether an expired
 /// lease of another holder may be taken, this server's timeline. One row, read as a [`ClaimRow`].
 pub const CLAIM_SQL: &str =
-    "SELECT $1::integer, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
+    "SELECT $1::pg_catalog.int4, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
             continued, renewal, released, tenure \
      FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
@@ -379,9 +379,16 @@ pub const CLAIM_ANY_SQL: &str =
 /// timeline.
 pub const RELEASE_SQL: &str = "SELECT snowid.lease_release($1, $2, $3, $4, $5)";
 
-/// Whether the registry database has the lease functions (the extension, at 0.3.0 or later).
-pub const READY_SQL: &str = "SELECT pg_catalog.to_regprocedure(\
-     'snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint)') IS NOT NULL";
+/// Whether the registry database has the lease functions of the extension, at 0.3.0 or later: the
+/// very functions `CREATE EXTENSION snowid` made, never ones of the same name that a role of that
+/// database created, which the worker, running as a superuser, would otherwise run.
+pub const READY_SQL: &str = "SELECT pg_catalog.count(*) = 3 FROM pg_catalog.pg_depend d \
+     JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowid' \
+     WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.deptype = 'e' \
+       AND d.objid IN (\
+         pg_catalog.to_regprocedure('snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint)'), \
+         pg_catalog.to_regprocedure('snowid.lease_claim_any(text, text, text, bigint, bigint, bigint)'), \
+         pg_catalog.to_regprocedure('snowid.lease_release(integer, text, text, bigint, bigint)'))";
 
 #[cfg(test)]
 mod tests {

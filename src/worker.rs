@@ -494,7 +494,8 @@ impl Registry {
                     .tcp_user_timeout(NETWORK_TIMEOUT)
                     .keepalives_idle(NETWORK_TIMEOUT)
                     .options(&format!(
-                        "-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}"
+                        "-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} \
+                         -c search_path=pg_catalog,pg_temp"
                     ))
                     .application_name("snowid lease worker");
                 Registry::Remote {
@@ -754,12 +755,16 @@ fn in_transaction<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, Stri
         .execute()
 }
 
-/// Prepares a transaction in the local registry: lock waits bounded well inside the ceiling's
-/// lead, a commit that waits for no standby (a synchronous standby that is down must not stop the
-/// worker), and the lease functions present.
+/// Prepares a transaction in the local registry: a search path that no role of the database can
+/// put objects in, lock waits bounded well inside the ceiling's lead, a commit that waits for no
+/// standby (a synchronous standby that is down must not stop the worker), and the extension's
+/// lease functions present.
 fn local_ready(database: &str) -> Result<(), String> {
-    Spi::run("SET LOCAL lock_timeout = '500ms'; SET LOCAL synchronous_commit = local")
-        .map_err(|error| error.to_string())?;
+    Spi::run(
+        "SET LOCAL search_path = pg_catalog, pg_temp; SET LOCAL lock_timeout = '500ms';
+         SET LOCAL synchronous_commit = local",
+    )
+    .map_err(|error| error.to_string())?;
     if Spi::get_one::<bool>(lease::READY_SQL)
         .ok()
         .flatten()

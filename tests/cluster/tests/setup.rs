@@ -83,6 +83,60 @@ fn any_worker_id_without_a_shared_registry_refuses_with_a_hint() {
 }
 
 #[test]
+fn the_lease_worker_runs_only_the_extensions_own_lease_functions() {
+    let cluster = Cluster::start(
+        "impostor",
+        &[
+            PRELOADED,
+            "snowid.worker_id = 5",
+            "snowid.database = 'ledger'",
+        ],
+    );
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE ROLE ledger_owner").unwrap();
+    client
+        .batch_execute("CREATE DATABASE ledger OWNER ledger_owner")
+        .unwrap();
+    // The database's owner, no superuser, makes functions that look like snowid's lease functions;
+    // run by the lease worker, a superuser, they would leave a mark.
+    let mut owner = cluster.connect_to("ledger");
+    owner
+        .batch_execute(
+            "SET ROLE ledger_owner;
+             CREATE SCHEMA snowid;
+             CREATE TABLE snowid.ran (by_superuser boolean);
+             CREATE FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint,
+                 OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+                 OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+                 OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+             LANGUAGE sql AS $$
+                 INSERT INTO snowid.ran SELECT rolsuper FROM pg_roles WHERE rolname = current_user;
+                 SELECT true, 0::bigint, 0::bigint, 'me', 0::bigint, false, false, false, 0::bigint
+             $$;
+             CREATE FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint)
+             RETURNS void LANGUAGE sql AS $$ SELECT $$;
+             CREATE FUNCTION snowid.lease_release(integer, text, text, bigint, bigint)
+             RETURNS boolean LANGUAGE sql AS $$ SELECT true $$;",
+        )
+        .unwrap();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let expected = "55000: snowid refuses to issue ids: the lease on worker id 5 is not acquired \
+                    yet: extension snowid 0.3.0 or later is not installed in database \"ledger\" \
+                    HINT: Issuing resumes by itself once this server holds the lease; \
+                    snowid_status() and the server log say more.";
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(
+        error_text(&client.simple_query("SELECT snowid_next()").unwrap_err()),
+        expected
+    );
+    let ran: i64 = owner
+        .query_one("SELECT count(*) FROM snowid.ran", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(ran, 0, "the lease worker never ran the owner's functions");
+}
+
+#[test]
 fn a_worker_id_out_of_range_is_ignored_with_a_warning_and_refuses() {
     let cluster = Cluster::start("worker-too-big", &[PRELOADED, "snowid.worker_id = 1024"]);
     assert!(cluster.log().contains(
