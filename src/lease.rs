@@ -17,12 +17,13 @@
 //! the ceiling it recorded in its own data directory (see `ceiling`) when the row shows that nobody
 //! else held the worker id since, and above the mark otherwise.
 //!
-//! **Who may take a row.** A free row (never used, or released) is anyone's. A row held by this
-//! server is taken back at once, by a new run of it too. A row held by another server is taken once
-//! its lease expired, but only from a shared registry: a registry inside this server's own data
-//! directory cannot see another server's renewals (the other may be the original of which this
-//! data directory is a copy), so such a row waits for its holder to release it or for an operator
-//! to hand it over (`snowid_handover`).
+//! **Who may take a row.** A row held by this server is taken back at once, by a new run of it too.
+//! From a shared registry, a free row is anyone's, and a row held by another server is taken once
+//! its lease expired. A registry inside this server's own data directory cannot see another
+//! server's renewals (the other may be the original of which this data directory is a copy): there
+//! a row held by another server waits for an operator to hand it over (`snowid_handover`), and a
+//! released row goes only to the server that released it, to one with another system identifier
+//! (pg_upgrade) or on a later timeline (a promoted standby), never to a copy of the releaser.
 
 use crate::layout;
 use std::time::Duration;
