@@ -7,7 +7,7 @@ ALTER TABLE snowid.worker_lease DROP CONSTRAINT worker_lease_high_water_ms_check
 ALTER TABLE snowid.worker_lease ADD CONSTRAINT worker_lease_high_water_ms_check
     CHECK (high_water_ms BETWEEN 0 AND 2199023255552);
 ALTER TABLE snowid.worker_lease ADD COLUMN released_by text, ADD COLUMN released_timeline bigint;
-COMMENT ON COLUMN snowid.worker_lease.holder IS 'The holding server (system identifier and a hash of its data directory''s inode number and birth time); NULL when free';
+COMMENT ON COLUMN snowid.worker_lease.holder IS 'The holding server (system identifier and a hash of its data directory''s device, inode number and birth time); NULL when free';
 COMMENT ON COLUMN snowid.worker_lease.released_by IS 'The holder that released the lease at its clean shutdown';
 COMMENT ON COLUMN snowid.worker_lease.released_timeline IS 'The WAL timeline of the server that released the lease';
 

@@ -17,7 +17,7 @@ CREATE TABLE snowid.worker_lease (
     released_timeline bigint
 );
 COMMENT ON TABLE snowid.worker_lease IS 'Which server holds which snowid worker id';
-COMMENT ON COLUMN snowid.worker_lease.holder IS 'The holding server (system identifier and a hash of its data directory''s inode number and birth time); NULL when free';
+COMMENT ON COLUMN snowid.worker_lease.holder IS 'The holding server (system identifier and a hash of its data directory''s device, inode number and birth time); NULL when free';
 COMMENT ON COLUMN snowid.worker_lease.incarnation IS 'The run of the holding server';
 COMMENT ON COLUMN snowid.worker_lease.expires_at IS 'When the lease ends unless renewed, by this registry''s clock';
 COMMENT ON COLUMN snowid.worker_lease.released_by IS 'The holder that released the lease at its clean shutdown';
