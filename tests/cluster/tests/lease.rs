@@ -443,6 +443,25 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             node.name
         );
     }
+    // The setting itself is readable by superusers and members of pg_read_all_settings
+    // (pg_monitor among them), and by no one else.
+    client
+        .batch_execute("CREATE ROLE watcher IN ROLE pg_monitor; CREATE ROLE nobody")
+        .unwrap();
+    let setting = |client: &mut postgres::Client, role: &str| {
+        client.batch_execute(&format!("SET ROLE {role}")).unwrap();
+        let shown = client
+            .query_one("SHOW snowid.registry", &[])
+            .map(|row| row.get::<_, String>(0))
+            .map_err(|error| error_text(&error));
+        client.batch_execute("RESET ROLE").unwrap();
+        shown
+    };
+    assert!(setting(&mut client, "watcher").unwrap().contains(SECRET));
+    assert_eq!(
+        setting(&mut client, "nobody"),
+        Err("42501: must be superuser or have privileges of pg_read_all_settings to examine \"snowid.registry\"".into())
+    );
 
     // 6. Every id seen is unique, and each server's ids increase in the order it issued them.
     let all: HashSet<i64> = collected.0.iter().map(|&(_, id)| id).collect();
