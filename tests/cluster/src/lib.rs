@@ -1,7 +1,7 @@
 //! Throwaway PostgreSQL 15 clusters for snowid's integration tests.
 //!
-//! Each [`Cluster`] is a fresh `initdb` on a free loopback port, or a copy of another one made with
-//! `pg_basebackup`, run as the `postgres` user when the tests run as root (PostgreSQL refuses to run
+//! Each [`Cluster`] is a fresh `initdb` on a free loopback port, or a copy of another one (a base
+//! backup, a standby, a cold copy, a snapshot of its [`Volume`], a pg_upgrade), run as the `postgres` user when the tests run as root (PostgreSQL refuses to run
 //! as root), and is stopped and deleted when dropped, also when a test fails. The snowid extension
 //! must already be installed into the server that `PG_CONFIG` (default
 //! `/usr/lib/postgresql/15/bin/pg_config`) describes.

@@ -1,10 +1,12 @@
 //! The fault matrix: servers that share a worker id in their default registry (the lease table in
 //! their own database `postgres`), because one was copied from the other: a `pg_basebackup` clone
-//! beside the original, the same at the original's own host name, port and path, streaming
-//! standbys promoted while the primary lives, after it stopped cleanly and after it crashed, and the
-//! explicit handover; and faults of one server: its lease worker terminated, a statement timeout
-//! during a clock wait, a crash and restart. Each scenario collects every id each server issued and
-//! asserts that no id was issued twice and that each server's ids increase.
+//! beside the original, the same at the original's own host name, port and path, a block-level
+//! snapshot, a cold copy, streaming standbys promoted while the primary lives, after it stopped
+//! cleanly and after it crashed, the explicit handover, a point-in-time restore, pg_upgrade and
+//! pg_dump; and faults of one server: its lease worker terminated, a lock on its lease table, a
+//! statement timeout during a clock wait, a crash and restart, a missing lease database. Each
+//! scenario collects every id each server issued and asserts that no id was issued twice and that
+//! each server's ids increase.
 
 use postgres::Client;
 use snowid_cluster_tests::{
