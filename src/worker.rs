@@ -163,7 +163,8 @@ struct LeaseWorker {
     me: Claimant,
     registry: Registry,
     data_directory: PathBuf,
-    /// This server's ceiling as last recorded, by this run or an earlier one.
+    /// This server's ceiling as last recorded, by this run or an earlier one: a new ceiling for the
+    /// same worker id never goes below it.
     recorded: Option<Ceiling>,
     configured: Option<u16>,
     /// The worker id to claim: the configured one, or the one last granted; `None` picks any.
@@ -209,7 +210,7 @@ impl LeaseWorker {
                     worker_id,
                     reserved_until_ms,
                     deadline_ns: sent_ns + self.timing.issuing_window().as_nanos() as u64,
-                    ceiling_ms: self.ceiling_of(worker_id),
+                    ceiling_ms: own_ceiling.unwrap_or(0),
                 };
                 self.claiming = Some(worker_id);
                 self.holding = Some(held);
@@ -284,21 +285,6 @@ impl LeaseWorker {
                 self.timing.retry_every()
             }
         }
-    }
-
-    /// The ceiling already recorded for `worker_id`, which a new one must not go below.
-    fn ceiling_of(&self, worker_id: u16) -> u64 {
-        let held = self
-            .holding
-            .as_ref()
-            .filter(|held| held.worker_id == worker_id);
-        let recorded = self
-            .recorded
-            .as_ref()
-            .filter(|ceiling| ceiling.worker_id == worker_id);
-        held.map(|held| held.ceiling_ms)
-            .or(recorded.map(|ceiling| ceiling.below_ms))
-            .unwrap_or(0)
     }
 
     fn lose_lease(&mut self) {
