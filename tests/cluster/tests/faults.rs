@@ -152,14 +152,18 @@ fn issue(ids: &mut Ids, server: &str, client: &mut Client, count: usize) {
     }
 }
 
-/// For [`WATCH`], issues on the original, where every call must succeed, and tries the copy, which
-/// must refuse every time with `refusal`; collects what either issued. Fails if the copy issued.
+/// Waits until the copy's lease worker has found the lease held by `holder`; then, for [`WATCH`],
+/// issues on the original, where every call must succeed, and tries the copy, which must refuse
+/// every time with `refusal(holder)`; collects what either issued. Fails if the copy issued.
 fn watch_copy_refuse_beside_original(
     ids: &mut Ids,
     (original, original_client): (&str, &mut Client),
     (copy, copy_client): (&str, &mut Client),
-    refusal: &str,
+    holder: &str,
+    refusal: fn(&str) -> String,
 ) {
+    wait_held_by(copy_client, holder);
+    let refusal = refusal(holder);
     let started = Instant::now();
     let mut copy_issued_after = None;
     while started.elapsed() < WATCH {
@@ -265,12 +269,12 @@ fn a_clone_beside_its_original_never_issues() {
     let clone = original.physical_copy("clone");
     let mut clone_client = clone.connect();
     let holder = holder_name("original", &original);
-    wait_held_by(&mut clone_client, &holder);
     watch_copy_refuse_beside_original(
         &mut ids,
         ("original", &mut original_client),
         ("clone", &mut clone_client),
-        &held_by(&holder),
+        &holder,
+        held_by,
     );
 }
 
@@ -293,12 +297,12 @@ fn a_clone_at_the_same_host_port_and_path_never_issues() {
     };
     assert_eq!(place_of(&mut copy_client), place_of(&mut original_client));
     let holder = holder_name("same-place", &original);
-    wait_held_by(&mut copy_client, &holder);
     watch_copy_refuse_beside_original(
         &mut ids,
         ("original", &mut original_client),
         ("copy", &mut copy_client),
-        &held_by(&holder),
+        &holder,
+        held_by,
     );
 }
 
@@ -324,12 +328,12 @@ fn a_standby_refuses_and_once_promoted_beside_its_live_primary_never_issues() {
 
     standby.promote();
     let holder = holder_name("live-primary", &primary);
-    wait_held_by(&mut standby_client, &holder);
     watch_copy_refuse_beside_original(
         &mut ids,
         ("primary", &mut primary_client),
         ("promoted", &mut standby_client),
-        &held_by(&holder),
+        &holder,
+        held_by,
     );
 }
 
@@ -696,12 +700,12 @@ fn a_point_in_time_restore_refuses_beside_its_original_and_issues_above_it_once_
     assert_eq!(items, [("before the target".to_string(), 500)]);
 
     let holder = holder_name("pitr-original", &original);
-    wait_held_by(&mut restored, &holder);
     watch_copy_refuse_beside_original(
         &mut ids,
         ("pitr-original", &mut original_client),
         ("pitr-restored", &mut restored),
-        &held_by(&holder),
+        &holder,
+        held_by,
     );
     original.stop("immediate");
     let released: Option<String> = restored
@@ -849,12 +853,12 @@ fn pg_dump_and_pg_restore_keep_the_ids_of_a_database_and_the_leases_of_a_registr
     );
     assert!(kept[0].3 > 0 && kept[0].3 <= dumped[0].3);
     let holder = holder_name("dump-old", &old);
-    wait_held_by(&mut client, &holder);
     watch_copy_refuse_beside_original(
         &mut ids,
         ("dump-old", &mut old_client),
         ("dump-successor", &mut client),
-        &held_by(&holder),
+        &holder,
+        held_by,
     );
     drop((old_client, shop));
     old.stop("fast");
@@ -938,12 +942,12 @@ fn a_cold_copy_of_a_cleanly_stopped_server_refuses_beside_it() {
     assert_eq!(original.wait_for_lease(&mut original_client), "held");
     let mut copy_client = copy.connect();
     let holder = holder_name("cold-original", &original);
-    wait_held_by(&mut copy_client, &holder);
     watch_copy_refuse_beside_original(
         &mut ids,
         ("cold-original", &mut original_client),
         ("cold-copy", &mut copy_client),
-        &released_by(&holder),
+        &holder,
+        released_by,
     );
 }
 
@@ -1034,11 +1038,11 @@ fn a_block_level_snapshot_mounted_beside_its_original_never_issues() {
     let snapshot = original.start_from_snapshot(&snapshot_volume);
     let mut snapshot_client = snapshot.connect();
     let holder = holder_name("snap-original", &original);
-    wait_held_by(&mut snapshot_client, &holder);
     watch_copy_refuse_beside_original(
         &mut ids,
         ("snap-original", &mut original_client),
         ("snapshot", &mut snapshot_client),
-        &held_by(&holder),
+        &holder,
+        held_by,
     );
 }
