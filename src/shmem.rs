@@ -107,9 +107,35 @@ pub fn database_exists(name: &str) -> bool {
     let Ok(name) = std::ffi::CString::new(name) else {
         return false;
     };
-    // SAFETY: the caller runs this inside a transaction, as catalog lookups require; the name is
-    // a NUL-terminated string that outlives the call.
-    unsafe { pg_sys::get_database_oid(name.as_ptr(), true) != pg_sys::InvalidOid }
+    // SAFETY: the caller runs this inside a transaction, as catalog access requires. As
+    // PostgreSQL's own lookup of a database at connection start does, it reads pg_database
+    // (always open, even with no database selected) without its index until the shared catalogs'
+    // cache is built: a process connected to no database cannot build the index's entry, and
+    // `get_database_oid` would end it. The name outlives the scan, which is ended before the
+    // table is closed.
+    unsafe {
+        let mut key = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyInit(
+            &mut key,
+            pg_sys::Anum_pg_database_datname as pg_sys::AttrNumber,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::Oid::from(pg_sys::F_NAMEEQ),
+            pg_sys::Datum::from(name.as_ptr()),
+        );
+        let table = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as i32);
+        let scan = pg_sys::systable_beginscan(
+            table,
+            pg_sys::Oid::from(pg_sys::DatabaseNameIndexId),
+            pg_sys::criticalSharedRelcachesBuilt,
+            std::ptr::null_mut(),
+            1,
+            &mut key,
+        );
+        let found = !pg_sys::systable_getnext(scan).is_null();
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(table, pg_sys::AccessShareLock as i32);
+        found
+    }
 }
 
 /// The WAL timeline this server writes on; a promotion starts a new one.

@@ -19,7 +19,7 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Registers the worker with the postmaster, when there is a worker id to lease and the server is
 /// not being upgraded by pg_upgrade.
@@ -401,11 +401,19 @@ fn throttle_restarts() -> bool {
     previous_ns == 0 || since >= second || sleep_unless_stopped(second - since)
 }
 
-/// Sleeps on the latch; on SIGTERM, returns false when the server shuts down, and otherwise ends
-/// this process for the postmaster to start a new worker (the lease runs on meanwhile).
+/// Sleeps on the latch for all of `duration`, however often it is set meanwhile; on SIGTERM,
+/// returns false when the server shuts down, and otherwise ends this process for the postmaster to
+/// start a new worker (the lease runs on meanwhile).
 fn sleep_unless_stopped(duration: Duration) -> bool {
-    if BackgroundWorker::wait_latch(Some(duration)) {
-        return true;
+    let deadline = Instant::now() + duration;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        if !BackgroundWorker::wait_latch(Some(left)) {
+            break;
+        }
     }
     if !server_stopping() {
         shmem::exit_for_restart();
