@@ -3,7 +3,7 @@
 use crate::errors::SnowidError;
 use crate::generator::{IssuingState, Refusal, StampRun, SystemClock};
 use crate::layout::{self, IDS_PER_MILLI};
-use crate::{gucs, shmem, worker};
+use crate::{gucs, registry, shmem};
 use pgrx::prelude::*;
 
 /// The largest count `snowid_next_batch` accepts: one second of the layout's capacity.
@@ -176,7 +176,7 @@ fn snowid_status() -> TableIterator<
         lease.state.name().to_string(),
         text(lease.holder.as_str()),
         unix_ms(lease.expires_at),
-        worker::registry_description(),
+        registry::description(),
         (lease.high_water_ms != 0)
             .then(|| timestamp_of_millis(lease.high_water_ms.min(layout::MAX_MILLIS))),
         text(lease.last_error.as_str()),

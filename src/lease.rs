@@ -296,6 +296,43 @@ pub struct ClaimRow {
 }
 
 impl ClaimRow {
+    /// The row as a remote registry returns it: ten fields of PostgreSQL's text output.
+    pub fn from_text(fields: &[Option<String>]) -> Result<ClaimRow, String> {
+        if fields.len() != 10 {
+            return Err(format!(
+                "the registry returned {} columns, not 10",
+                fields.len()
+            ));
+        }
+        fn parse<T: std::str::FromStr>(field: &Option<String>) -> Result<Option<T>, String> {
+            let Some(text) = field.as_deref() else {
+                return Ok(None);
+            };
+            let canonical = match text {
+                "t" => "true",
+                "f" => "false",
+                _ => text,
+            };
+            canonical.parse().map(Some).map_err(|_| {
+                format!(
+                    "the registry returned \"{text}\" where snowid expects a number or a boolean"
+                )
+            })
+        }
+        Ok(ClaimRow {
+            worker_id: parse(&fields[0])?,
+            granted: parse(&fields[1])?,
+            floor_ms: parse(&fields[2])?,
+            reserved_until_ms: parse(&fields[3])?,
+            holder_name: fields[4].clone(),
+            expires_at_unix_ms: parse(&fields[5])?,
+            continued: parse(&fields[6])?,
+            renewal: parse(&fields[7])?,
+            released: parse(&fields[8])?,
+            tenure: parse(&fields[9])?,
+        })
+    }
+
     pub fn claim(self) -> Claim {
         let expires_at = self.expires_at_unix_ms.unwrap_or(0);
         if self.granted != Some(true) {
@@ -391,9 +428,55 @@ pub const READY_SQL: &str = "SELECT pg_catalog.count(*) = 3 FROM pg_catalog.pg_d
          pg_catalog.to_regprocedure('snowid.lease_claim_any(text, text, text, bigint, bigint, bigint)'), \
          pg_catalog.to_regprocedure('snowid.lease_release(integer, text, text, bigint, bigint)'))";
 
+/// Why a registry cannot be used: `place` (a database) lacks the extension's lease functions.
+pub fn not_installed(place: &str) -> String {
+    format!("extension snowid 0.3.0 or later is not installed in {place}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remote_registrys_text_row_reads_as_a_claim_row() {
+        let fields: Vec<Option<String>> = [
+            Some("5"),
+            Some("t"),
+            Some("1200"),
+            Some("4200"),
+            Some("node1:5432"),
+            Some("1798761600000"),
+            Some("f"),
+            Some("f"),
+            None,
+            Some("1798761600000123"),
+        ]
+        .iter()
+        .map(|field| field.map(str::to_string))
+        .collect();
+        let row = ClaimRow::from_text(&fields).unwrap();
+        assert_eq!(row.worker_id, Some(5));
+        assert_eq!(row.granted, Some(true));
+        assert_eq!(row.floor_ms, Some(1200));
+        assert_eq!(row.reserved_until_ms, Some(4200));
+        assert_eq!(row.holder_name.as_deref(), Some("node1:5432"));
+        assert_eq!(row.expires_at_unix_ms, Some(1_798_761_600_000));
+        assert_eq!(
+            (row.continued, row.renewal, row.released),
+            (Some(false), Some(false), None)
+        );
+        assert_eq!(row.tenure, Some(1_798_761_600_000_123));
+        assert_eq!(
+            ClaimRow::from_text(&fields[..9]).unwrap_err(),
+            "the registry returned 9 columns, not 10"
+        );
+        let mut wrong = fields.clone();
+        wrong[1] = Some("yes".into());
+        assert_eq!(
+            ClaimRow::from_text(&wrong).unwrap_err(),
+            "the registry returned \"yes\" where snowid expects a number or a boolean"
+        );
+    }
 
     #[test]
     fn default_timing_is_thirty_ten_and_five_seconds() {

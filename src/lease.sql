@@ -1,6 +1,7 @@
--- The lease registry: one row per worker id ever leased. Any role may read it; only the lease
--- functions, run by the snowid lease worker as a superuser, and superusers write it (a trigger
--- refuses every other role, members of pg_write_all_data included).
+-- The lease registry: one row per worker id ever leased. Any role may read it. Only the lease
+-- functions write it, for the roles granted EXECUTE on them (a node's registry role needs nothing
+-- more), and superusers; a trigger refuses every other role, members of pg_write_all_data
+-- included.
 CREATE SCHEMA snowid;
 COMMENT ON SCHEMA snowid IS 'snowid lease registry';
 
@@ -14,7 +15,8 @@ CREATE TABLE snowid.worker_lease (
     expires_at    timestamptz,
     high_water_ms bigint NOT NULL DEFAULT 0 CHECK (high_water_ms BETWEEN 0 AND 2199023255552),
     released_by   text,
-    released_timeline bigint
+    released_timeline bigint,
+    holder_role   name
 );
 COMMENT ON TABLE snowid.worker_lease IS 'Which server holds which snowid worker id';
 COMMENT ON COLUMN snowid.worker_lease.holder IS 'The holding server (system identifier and a hash of its data directory''s device, inode number and birth time); NULL when free';
@@ -22,6 +24,7 @@ COMMENT ON COLUMN snowid.worker_lease.incarnation IS 'The run of the holding ser
 COMMENT ON COLUMN snowid.worker_lease.expires_at IS 'When the lease ends unless renewed, by this registry''s clock';
 COMMENT ON COLUMN snowid.worker_lease.released_by IS 'The holder that released the lease at its clean shutdown';
 COMMENT ON COLUMN snowid.worker_lease.released_timeline IS 'The WAL timeline of the server that released the lease';
+COMMENT ON COLUMN snowid.worker_lease.holder_role IS 'The login role the lease was last claimed with; no other role may renew it while it runs, or release it';
 COMMENT ON COLUMN snowid.worker_lease.high_water_ms IS 'Milliseconds since 2026-01-01 that every id issued under this worker id is below; the next holder starts here';
 
 REVOKE ALL ON snowid.worker_lease FROM PUBLIC;
@@ -56,7 +59,8 @@ CREATE TRIGGER worker_lease_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE 
 -- holder starts; `continued` says whether this holder held the row already, `renewal` whether
 -- this run of it did, and `tenure` (when this run took the row, in microseconds since 1970) lets it
 -- tell a renewal of the grant it applied from one whose first answer it never got; every claim
--- raises the mark to the claimant's reservation.
+-- raises the mark to the claimant's reservation. The caller's login role holds the lease: a live
+-- lease claimed as its holder by another role is refused with 42501.
 CREATE FUNCTION snowid.lease_claim(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
     p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
@@ -64,6 +68,7 @@ CREATE FUNCTION snowid.lease_claim(
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
     OUT renewal boolean, OUT released boolean, OUT tenure bigint)
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -72,6 +77,11 @@ DECLARE
 BEGIN
     INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
     SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
+    IF lease.holder = p_holder AND lease.expires_at > claimed_at
+       AND lease.holder_role <> session_user THEN
+        RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by role "%"',
+            p_worker_id, lease.holder_role USING ERRCODE = '42501';
+    END IF;
     released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
     IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
         AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at))
@@ -93,7 +103,7 @@ BEGIN
            renewed_at = claimed_at,
            expires_at = claimed_at + p_ttl_ms * interval '1 millisecond',
            high_water_ms = greatest(l.high_water_ms, p_reserve_until_ms),
-           released_by = NULL, released_timeline = NULL
+           released_by = NULL, released_timeline = NULL, holder_role = session_user
      WHERE l.worker_id = p_worker_id
     RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint,
               (extract(epoch FROM l.acquired_at) * 1000000)::bigint
@@ -111,6 +121,7 @@ CREATE FUNCTION snowid.lease_claim_any(
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
     OUT renewal boolean, OUT released boolean, OUT tenure bigint)
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -141,20 +152,31 @@ $$;
 
 -- Releases a lease its holder no longer needs, at its clean shutdown, lowering the high-water mark
 -- to just above the ids it really issued and recording who released it, on which timeline.
--- Returns NULL when the caller did not hold it.
+-- Returns NULL when the caller did not hold it; a lease held with another role is refused with
+-- 42501.
 CREATE FUNCTION snowid.lease_release(
     p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint,
     p_timeline bigint)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    UPDATE snowid.worker_lease
+DECLARE
+    lease snowid.worker_lease;
+BEGIN
+    SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
+    IF lease.holder IS NOT NULL AND lease.holder_role <> session_user THEN
+        RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by role "%"',
+            p_worker_id, lease.holder_role USING ERRCODE = '42501';
+    END IF;
+    UPDATE snowid.worker_lease l
        SET holder = NULL, incarnation = NULL, expires_at = NULL,
-           high_water_ms = least(high_water_ms, p_high_water_ms),
+           high_water_ms = least(l.high_water_ms, p_high_water_ms),
            released_by = p_holder, released_timeline = p_timeline
-     WHERE worker_id = p_worker_id AND holder = p_holder AND incarnation = p_incarnation
-    RETURNING true;
+     WHERE l.worker_id = p_worker_id AND l.holder = p_holder AND l.incarnation = p_incarnation;
+    RETURN CASE WHEN FOUND THEN true END;
+END
 $$;
 
 -- Frees a worker id for the next server that claims it, on behalf of a holder that is gone for

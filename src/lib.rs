@@ -1,16 +1,19 @@
 //! snowid: unique, roughly time-ordered 64-bit ids made inside PostgreSQL.
 //!
-//! `layout`, `generator`, `lease` and `ceiling` hold the logic in plain Rust; `shmem` is the only
-//! module that talks to the server through raw FFI; `gucs`, `errors`, `api` and `worker` are thin
-//! pgrx glue.
+//! `layout`, `generator`, `lease`, `ceiling` and `conninfo` hold the logic in plain Rust; `shmem`
+//! (shared memory and the server's own functions) and `pq` (libpq) are the only modules with raw
+//! FFI; `gucs`, `errors`, `api`, `registry` and `worker` are thin pgrx glue.
 
 mod api;
 mod ceiling;
+mod conninfo;
 mod errors;
 mod generator;
 mod gucs;
 mod layout;
 mod lease;
+mod pq;
+mod registry;
 mod shmem;
 mod worker;
 

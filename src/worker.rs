@@ -10,15 +10,15 @@
 
 use crate::ceiling::Ceiling;
 use crate::generator::{Clock, Grant, IssuingState, SystemClock};
-use crate::lease::{self, Claim, ClaimRow, State, Text, Timing};
+use crate::lease::{self, Claim, State, Text, Timing};
+use crate::registry::Registry;
 use crate::{gucs, layout, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
-use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
-use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Registers the worker with the postmaster, when there is a worker id to lease and the server is
@@ -39,14 +39,14 @@ pub fn register() {
 }
 
 /// Who claims the lease.
-struct Claimant {
+pub struct Claimant {
     /// The same for every run of this server, different for any other server or copy of it: the
     /// system identifier, and a hash of what tells the data directory from every copy of it.
-    holder: String,
+    pub holder: String,
     /// Different for every run of this server (every setup of its shared memory).
-    incarnation: String,
+    pub incarnation: String,
     /// For people reading the lease table.
-    name: String,
+    pub name: String,
 }
 
 impl Claimant {
@@ -149,7 +149,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         if let Some(check_every) = worker.keep_ceiling() {
             pause_ns = pause_ns.min(check_every.as_nanos() as u64);
         }
-        if !BackgroundWorker::wait_latch(Some(Duration::from_nanos(pause_ns))) {
+        if !wait(Duration::from_nanos(pause_ns)) {
             break;
         }
     }
@@ -267,6 +267,7 @@ impl LeaseWorker {
             Ok((None, Claim::Granted { .. })) => {
                 unreachable!("a granted lease names its worker id")
             }
+            Err(_) if SHUTTING_DOWN.load(Ordering::Relaxed) => Duration::ZERO,
             Err(error) => {
                 let first_failure = shmem::update_lease_status(|status| {
                     if status.state != State::Starting {
@@ -401,24 +402,48 @@ fn throttle_restarts() -> bool {
     previous_ns == 0 || since >= second || sleep_unless_stopped(second - since)
 }
 
-/// Sleeps on the latch for all of `duration`, however often it is set meanwhile; on SIGTERM,
-/// returns false when the server shuts down, and otherwise ends this process for the postmaster to
-/// start a new worker (the lease runs on meanwhile).
-fn sleep_unless_stopped(duration: Duration) -> bool {
+/// Sleeps on the latch for all of `duration`, however often it is set meanwhile; false once the
+/// server shuts down (see `sigterm_arrived`).
+pub fn sleep_unless_stopped(duration: Duration) -> bool {
     let deadline = Instant::now() + duration;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return true;
         }
-        if !BackgroundWorker::wait_latch(Some(left)) {
-            break;
+        if !wait(left) {
+            return false;
         }
     }
+}
+
+/// Set once SIGTERM came at a server shutdown; the worker then releases its lease and ends.
+static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// Waits on the latch for up to `duration`; false once the server shuts down.
+fn wait(duration: Duration) -> bool {
+    if !SHUTTING_DOWN.load(Ordering::Relaxed) && BackgroundWorker::wait_latch(Some(duration)) {
+        return true;
+    }
+    note_sigterm();
+    false
+}
+
+/// Whether a SIGTERM arrived since the last look (or the postmaster died), for waits on the latch
+/// elsewhere. A worker terminated alone ends here, for the postmaster to start a new one that
+/// renews the same lease; at a server shutdown, this remembers it and returns true.
+pub fn sigterm_arrived() -> bool {
+    BackgroundWorker::sigterm_received() && {
+        note_sigterm();
+        true
+    }
+}
+
+fn note_sigterm() {
     if !server_stopping() {
         shmem::exit_for_restart();
     }
-    false
+    SHUTTING_DOWN.store(true, Ordering::Relaxed);
 }
 
 /// Whether the postmaster is shutting down, rather than someone terminating this worker alone.
@@ -437,337 +462,5 @@ fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
     shmem::update_lease_status(|status| status.state = State::Released);
     if let Some(worker) = worker {
         worker.release(high_water_ms);
-    }
-}
-
-/// Where the lease table lives: in `snowid.database` on this server, reached through SPI, or on
-/// the server that `snowid.registry` names, reached as a client.
-enum Registry {
-    Local {
-        database: String,
-    },
-    Remote {
-        config: postgres::Config,
-        client: Option<postgres::Client>,
-    },
-}
-
-/// Bounds on every network call to a remote registry, so that none can hang the worker.
-const NETWORK_TIMEOUT: Duration = Duration::from_secs(2);
-
-impl Registry {
-    /// The registry to claim from; `None` when the server shuts down before it can be reached.
-    fn open() -> Option<Registry> {
-        let database = gucs::database();
-        Some(match gucs::registry() {
-            None => {
-                let failed_before = shmem::update_lease_status(|status| {
-                    std::mem::replace(&mut status.connect_pending, true)
-                });
-                if failed_before {
-                    await_database(&database)?;
-                }
-                BackgroundWorker::connect_worker_to_spi(Some(&database), None);
-                shmem::update_lease_status(|status| status.connect_pending = false);
-                Registry::Local { database }
-            }
-            Some(conninfo) => {
-                let Ok(mut config) = conninfo.parse::<postgres::Config>() else {
-                    // Not the parser's message: it may quote the connection string, password
-                    // included. Only a restart changes the setting, so wait for one.
-                    shmem::update_lease_status(|status| {
-                        status.last_error =
-                            Text::new("snowid.registry is not a valid libpq connection string")
-                    });
-                    while sleep_unless_stopped(Duration::from_secs(3600)) {}
-                    return None;
-                };
-                let timeout_ms = NETWORK_TIMEOUT.as_millis();
-                config
-                    .connect_timeout(NETWORK_TIMEOUT)
-                    .tcp_user_timeout(NETWORK_TIMEOUT)
-                    .keepalives_idle(NETWORK_TIMEOUT)
-                    .options(&format!(
-                        "-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} \
-                         -c search_path=pg_catalog,pg_temp"
-                    ))
-                    .application_name("snowid lease worker");
-                Registry::Remote {
-                    config,
-                    client: None,
-                }
-            }
-        })
-    }
-
-    fn is_local(&self) -> bool {
-        matches!(self, Registry::Local { .. })
-    }
-
-    /// Claims `worker_id`'s lease, or any free worker id's; returns the worker id claimed (none when
-    /// every one is leased) and the registry's answer.
-    fn claim(
-        &mut self,
-        me: &Claimant,
-        worker_id: Option<u16>,
-        timing: Timing,
-        reserve_until_ms: u64,
-    ) -> Result<(Option<u16>, Claim), String> {
-        let mut params = vec![];
-        let sql = match worker_id {
-            Some(worker_id) => {
-                params.push(Param::Int(i32::from(worker_id)));
-                lease::CLAIM_SQL
-            }
-            None => lease::CLAIM_ANY_SQL,
-        };
-        params.extend([
-            Param::Text(&me.holder),
-            Param::Text(&me.incarnation),
-            Param::Text(&me.name),
-            Param::Big(timing.ttl.as_millis() as i64),
-            Param::Big(reserve_until_ms as i64),
-        ]);
-        if worker_id.is_some() {
-            params.push(Param::Bool(!self.is_local()));
-        }
-        params.push(Param::Big(i64::from(shmem::timeline())));
-        let row = match self {
-            Registry::Local { database } => {
-                let database = database.as_str();
-                let params = &params;
-                in_transaction(|| {
-                    local_ready(database)?;
-                    Spi::connect(|client| {
-                        let args: Vec<_> = params.iter().map(Param::datum).collect();
-                        let row = client.select(sql, Some(1), &args)?.first();
-                        Ok(ClaimRow {
-                            worker_id: row.get(1)?,
-                            granted: row.get(2)?,
-                            floor_ms: row.get(3)?,
-                            reserved_until_ms: row.get(4)?,
-                            holder_name: row.get(5)?,
-                            expires_at_unix_ms: row.get(6)?,
-                            continued: row.get(7)?,
-                            renewal: row.get(8)?,
-                            released: row.get(9)?,
-                            tenure: row.get(10)?,
-                        })
-                    })
-                    .map_err(|error: pgrx::spi::SpiError| error.to_string())
-                })?
-            }
-            Registry::Remote { .. } => {
-                let row = self.remote(|client| {
-                    let args: Vec<_> = params.iter().map(Param::to_sql).collect();
-                    client.query_one(sql, &args)
-                })?;
-                ClaimRow {
-                    worker_id: row.get(0),
-                    granted: row.get(1),
-                    floor_ms: row.get(2),
-                    reserved_until_ms: row.get(3),
-                    holder_name: row.get(4),
-                    expires_at_unix_ms: row.get(5),
-                    continued: row.get(6),
-                    renewal: row.get(7),
-                    released: row.get(8),
-                    tenure: row.get(9),
-                }
-            }
-        };
-        let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
-        Ok((worker_id, row.claim()))
-    }
-
-    fn release(&mut self, me: &Claimant, worker_id: u16, high_water_ms: u64) -> Result<(), String> {
-        let worker_id = i32::from(worker_id);
-        let high_water = high_water_ms as i64;
-        let timeline = i64::from(shmem::timeline());
-        match self {
-            Registry::Local { database } => in_transaction(|| {
-                local_ready(database)?;
-                Spi::get_one_with_args::<bool>(
-                    lease::RELEASE_SQL,
-                    &[
-                        worker_id.into(),
-                        me.holder.as_str().into(),
-                        me.incarnation.as_str().into(),
-                        high_water.into(),
-                        timeline.into(),
-                    ],
-                )
-                .map(|_| ())
-                .map_err(|error| error.to_string())
-            }),
-            Registry::Remote { .. } => self
-                .remote(|client| {
-                    client.query_one(
-                        lease::RELEASE_SQL,
-                        &[
-                            &worker_id,
-                            &me.holder,
-                            &me.incarnation,
-                            &high_water,
-                            &timeline,
-                        ],
-                    )
-                })
-                .map(|_| ()),
-        }
-    }
-
-    /// Runs a call on the remote registry, connecting first if needed; a failed call drops the
-    /// connection so that the next one starts afresh.
-    fn remote<T>(
-        &mut self,
-        call: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error>,
-    ) -> Result<T, String> {
-        let Registry::Remote { config, client } = self else {
-            unreachable!("a remote registry")
-        };
-        if client.is_none() {
-            *client = Some(
-                config
-                    .connect(postgres::NoTls)
-                    .map_err(|error| error.to_string())?,
-            );
-        }
-        let result = call(client.as_mut().expect("connected above"));
-        if result.is_err() {
-            *client = None;
-        }
-        result.map_err(|error| error.to_string())
-    }
-}
-
-/// How `snowid_status()` names the registry: never with the connection string, which may hold a
-/// password.
-pub fn registry_description() -> String {
-    match gucs::registry() {
-        None => format!("database \"{}\" on this server", gucs::database()),
-        Some(conninfo) => match conninfo.parse::<postgres::Config>() {
-            Ok(config) => {
-                let hosts: Vec<String> = config
-                    .get_hosts()
-                    .iter()
-                    .map(|host| match host {
-                        postgres::config::Host::Tcp(name) => name.clone(),
-                        postgres::config::Host::Unix(path) => path.display().to_string(),
-                    })
-                    .collect();
-                let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
-                format!(
-                    "database \"{}\" on {} port {}",
-                    config.get_dbname().unwrap_or("postgres"),
-                    hosts.join(","),
-                    if ports.is_empty() {
-                        "5432".into()
-                    } else {
-                        ports.join(",")
-                    }
-                )
-            }
-            Err(_) => "an invalid snowid.registry".into(),
-        },
-    }
-}
-
-/// A parameter of a registry call, for either kind of registry.
-enum Param<'a> {
-    Int(i32),
-    Big(i64),
-    Text(&'a str),
-    Bool(bool),
-}
-
-impl Param<'_> {
-    fn datum(&self) -> pgrx::datum::DatumWithOid<'_> {
-        match self {
-            Param::Int(value) => (*value).into(),
-            Param::Big(value) => (*value).into(),
-            Param::Text(value) => (*value).into(),
-            Param::Bool(value) => (*value).into(),
-        }
-    }
-
-    fn to_sql(&self) -> &(dyn postgres::types::ToSql + Sync) {
-        match self {
-            Param::Int(value) => value,
-            Param::Big(value) => value,
-            Param::Text(value) => value,
-            Param::Bool(value) => value,
-        }
-    }
-}
-
-/// The last start could not connect to `database`: connected to no database, checks every second
-/// whether it exists, saying so meanwhile, and ends this process once it does, for the next one to
-/// connect to it. The log gets nothing more than the one failed connection. `None` when the server
-/// shuts down first.
-fn await_database(database: &str) -> Option<()> {
-    BackgroundWorker::connect_worker_to_spi(None, None);
-    loop {
-        if in_transaction(|| Ok(shmem::database_exists(database))) == Ok(true) {
-            shmem::update_lease_status(|status| {
-                status.connect_pending = false;
-                status.worker_started_ns = 0;
-            });
-            shmem::exit_for_restart();
-        }
-        shmem::update_lease_status(|status| {
-            if status.state != State::Starting {
-                status.state = State::RegistryUnreachable;
-                if status.unreachable_since == 0 {
-                    status.unreachable_since = SystemClock.unix_millis();
-                }
-            }
-            status.last_error = Text::new(&format!("database \"{database}\" does not exist"));
-        });
-        if !sleep_unless_stopped(Duration::from_secs(1)) {
-            return None;
-        }
-    }
-}
-
-/// Runs `body` in a transaction of its own. An error raised inside (a lock or statement timeout,
-/// say) aborts the transaction and comes back as `Err`, and the worker lives on: the lease it holds
-/// runs until its deadline meanwhile.
-fn in_transaction<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    let body = AssertUnwindSafe(body);
-    PgTryBuilder::new(AssertUnwindSafe(|| BackgroundWorker::transaction(body)))
-        .catch_others(|error| {
-            shmem::abort_transaction();
-            Err(match error {
-                CaughtError::PostgresError(report)
-                | CaughtError::ErrorReport(report)
-                | CaughtError::RustPanic {
-                    ereport: report, ..
-                } => report.message().to_string(),
-            })
-        })
-        .execute()
-}
-
-/// Prepares a transaction in the local registry: a search path that no role of the database can
-/// put objects in, lock waits bounded well inside the ceiling's lead, a commit that waits for no
-/// standby (a synchronous standby that is down must not stop the worker), and the extension's
-/// lease functions present.
-fn local_ready(database: &str) -> Result<(), String> {
-    Spi::run(
-        "SET LOCAL search_path = pg_catalog, pg_temp; SET LOCAL lock_timeout = '500ms';
-         SET LOCAL synchronous_commit = local",
-    )
-    .map_err(|error| error.to_string())?;
-    if Spi::get_one::<bool>(lease::READY_SQL)
-        .ok()
-        .flatten()
-        .unwrap_or(false)
-    {
-        Ok(())
-    } else {
-        Err(format!(
-            "extension snowid 0.3.0 or later is not installed in database \"{database}\""
-        ))
     }
 }

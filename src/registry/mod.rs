@@ -1,0 +1,105 @@
+//! Where the lease table lives, behind one interface: in `snowid.database` on this server, reached
+//! through SPI (`local`), or on the server that `snowid.registry` names, reached through libpq
+//! (`remote`). The worker's state machine calls `claim` and `release` and never sees which.
+
+mod local;
+mod remote;
+
+use crate::gucs;
+use crate::lease::{self, Claim, ClaimRow, Timing};
+use crate::shmem;
+use crate::worker::Claimant;
+
+pub enum Registry {
+    Local(local::Local),
+    Remote(remote::Remote),
+}
+
+impl Registry {
+    /// The registry to claim from; `None` when the server shuts down before it can be reached.
+    pub fn open() -> Option<Registry> {
+        Some(match gucs::registry() {
+            None => Registry::Local(local::Local::open(gucs::database())?),
+            Some(conninfo) => Registry::Remote(remote::Remote::open(&conninfo)?),
+        })
+    }
+
+    pub fn is_local(&self) -> bool {
+        matches!(self, Registry::Local(_))
+    }
+
+    /// Claims `worker_id`'s lease, or any free worker id's; returns the worker id claimed (none when
+    /// every one is leased) and the registry's answer.
+    pub fn claim(
+        &mut self,
+        me: &Claimant,
+        worker_id: Option<u16>,
+        timing: Timing,
+        reserve_until_ms: u64,
+    ) -> Result<(Option<u16>, Claim), String> {
+        let mut params = vec![];
+        let sql = match worker_id {
+            Some(worker_id) => {
+                params.push(Param::Int(i32::from(worker_id)));
+                lease::CLAIM_SQL
+            }
+            None => lease::CLAIM_ANY_SQL,
+        };
+        params.extend([
+            Param::Text(me.holder.clone()),
+            Param::Text(me.incarnation.clone()),
+            Param::Text(me.name.clone()),
+            Param::Big(timing.ttl.as_millis() as i64),
+            Param::Big(reserve_until_ms as i64),
+        ]);
+        if worker_id.is_some() {
+            // Only a shared registry sees every holder's renewals, so only there may an expired
+            // lease be taken over.
+            params.push(Param::Bool(!self.is_local()));
+        }
+        params.push(Param::Big(i64::from(shmem::timeline())));
+        let row: ClaimRow = match self {
+            Registry::Local(local) => local.claim(sql, &params)?,
+            Registry::Remote(remote) => remote.claim(sql, &params)?,
+        };
+        let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
+        Ok((worker_id, row.claim()))
+    }
+
+    /// Releases `worker_id`'s lease, lowering its mark to `high_water_ms`.
+    pub fn release(
+        &mut self,
+        me: &Claimant,
+        worker_id: u16,
+        high_water_ms: u64,
+    ) -> Result<(), String> {
+        let params = [
+            Param::Int(i32::from(worker_id)),
+            Param::Text(me.holder.clone()),
+            Param::Text(me.incarnation.clone()),
+            Param::Big(high_water_ms as i64),
+            Param::Big(i64::from(shmem::timeline())),
+        ];
+        match self {
+            Registry::Local(local) => local.release(&params),
+            Registry::Remote(remote) => remote.release(&params),
+        }
+    }
+}
+
+/// How `snowid_status()` names the registry: never with the connection string, which may hold a
+/// password.
+pub fn description() -> String {
+    match gucs::registry() {
+        None => format!("database \"{}\" on this server", gucs::database()),
+        Some(conninfo) => remote::description(&conninfo),
+    }
+}
+
+/// A parameter of a registry call, for either kind of registry.
+pub enum Param {
+    Int(i32),
+    Big(i64),
+    Text(String),
+    Bool(bool),
+}
