@@ -11,6 +11,22 @@ use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The tests of one file that measure waits of a second or less run alone, so that servers being
+/// set up by its other tests on this machine's few cores cannot stretch them; the others run side
+/// by side.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// Held by a test that must run alone among the tests of its file.
+pub fn alone() -> RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held by a test that may run beside the others of its file, but not beside one that runs alone.
+pub fn beside_others() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(PoisonError::into_inner)
+}
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -351,6 +367,31 @@ impl Cluster {
         self.dir.join("data").display().to_string()
     }
 
+    /// The cluster's own directory, owned by the server's user and deleted with the cluster: the
+    /// place for files its server, or servers that reach it, must read (certificates, keys,
+    /// password files).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Adds `settings` to the server's configuration, replaces its pg_hba.conf with `hba_rules`
+    /// unless there are none, and restarts it.
+    pub fn reconfigure(&self, settings: &[&str], hba_rules: &[&str]) {
+        let data = Path::new(&self.data()).to_path_buf();
+        let conf = data.join("postgresql.auto.conf");
+        let mut text = fs::read_to_string(&conf).unwrap();
+        for setting in settings {
+            text.push_str(setting);
+            text.push('\n');
+        }
+        fs::write(&conf, text).unwrap();
+        if !hba_rules.is_empty() {
+            let rules: String = hba_rules.iter().map(|rule| format!("{rule}\n")).collect();
+            fs::write(data.join("pg_hba.conf"), rules).unwrap();
+        }
+        self.restart();
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
@@ -361,14 +402,20 @@ impl Cluster {
     }
 
     pub fn connect_to(&self, database: &str) -> Client {
+        self.connect_with(&format!("user=postgres dbname={database}"))
+    }
+
+    /// A session of `role`, without a password, to the database `postgres`.
+    pub fn connect_as(&self, role: &str) -> Client {
+        self.connect_with(&format!("user={role} dbname=postgres"))
+    }
+
+    fn connect_with(&self, options: &str) -> Client {
         Client::connect(
-            &format!(
-                "host={} port={} user=postgres dbname={database}",
-                self.host, self.port
-            ),
+            &format!("host={} port={} {options}", self.host, self.port),
             NoTls,
         )
-        .unwrap_or_else(|error| panic!("connecting to {database} on port {}: {error}", self.port))
+        .unwrap_or_else(|error| panic!("connecting with {options} on port {}: {error}", self.port))
     }
 
     /// Moves the server's wall clock: `offset` is libfaketime's, in seconds, such as "-10" or "-0.002".
@@ -631,6 +678,14 @@ fn is_root() -> bool {
         == "0"
 }
 
+/// Hands a file the tests wrote to the server's user, with `mode`: servers refuse key files and
+/// libpq ignores password files that others may read, so those take 0o600.
+pub fn give_to_postgres(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    chown_to_postgres(path);
+}
+
 fn chown_to_postgres(path: &Path) {
     if is_root() {
         let status = Command::new("chown")
@@ -728,5 +783,69 @@ pub fn wait_for_lease_state(
             return state;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A server that leases its worker id from a shared registry: snowid preloaded and created in its
+/// database `postgres`, `name` as its `cluster_name`.
+pub struct Node {
+    pub name: String,
+    pub cluster: Cluster,
+}
+
+impl Node {
+    /// A running node with worker id `worker_id` (`None`: any free one) leased from the registry
+    /// that the libpq connection string `registry` names, and more `settings`.
+    pub fn start(name: &str, worker_id: Option<u16>, registry: &str, settings: &[&str]) -> Node {
+        Node::create(name, worker_id, registry, settings, false)
+    }
+
+    /// Like [`Node::start`], with the server's wall clock under [`Cluster::set_clock_offset`].
+    pub fn start_with_fake_clock(
+        name: &str,
+        worker_id: Option<u16>,
+        registry: &str,
+        settings: &[&str],
+    ) -> Node {
+        Node::create(name, worker_id, registry, settings, true)
+    }
+
+    fn create(
+        name: &str,
+        worker_id: Option<u16>,
+        registry: &str,
+        settings: &[&str],
+        fake_clock: bool,
+    ) -> Node {
+        let worker_setting = match worker_id {
+            Some(worker_id) => format!("snowid.worker_id = {worker_id}"),
+            None => "snowid.any_worker_id = on".to_string(),
+        };
+        let mut all = vec![
+            "shared_preload_libraries = 'snowid'".to_string(),
+            worker_setting,
+            format!("snowid.registry = '{}'", registry.replace('\'', "''")),
+            format!("cluster_name = '{name}'"),
+        ];
+        all.extend(settings.iter().map(|setting| setting.to_string()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let cluster = if fake_clock {
+            Cluster::start_with_fake_clock(name, &all)
+        } else {
+            Cluster::start(name, &all)
+        };
+        cluster
+            .connect()
+            .batch_execute("CREATE EXTENSION snowid")
+            .unwrap();
+        Node {
+            name: name.to_string(),
+            cluster,
+        }
+    }
+
+    /// The name the node shows in the lease table and in refusals.
+    pub fn holder_name(&self) -> String {
+        format!("{}:{}", self.name, self.cluster.port)
     }
 }

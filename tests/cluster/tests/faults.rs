@@ -10,9 +10,9 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_text, new_holder_wait_ms, wait_for, wait_for_lease_state, Cluster, Volume,
+    alone, beside_others, error_text, new_holder_wait_ms, wait_for, wait_for_lease_state, Cluster,
+    Volume,
 };
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// The worker id every server of this file is configured with.
@@ -22,18 +22,6 @@ const WORKER_ID: u16 = 5;
 const LEASE_TTL_S: u64 = 3;
 /// How long a copy is watched refusing beside its issuing original.
 const WATCH: Duration = Duration::from_secs(LEASE_TTL_S + 2);
-
-/// Scenarios that measure waits of a second or less run alone, so that servers being set up by
-/// other scenarios on this machine's few cores cannot stretch them; the others run side by side.
-static MACHINE: RwLock<()> = RwLock::new(());
-
-fn alone() -> RwLockWriteGuard<'static, ()> {
-    MACHINE.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn beside_others() -> RwLockReadGuard<'static, ()> {
-    MACHINE.read().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A running server named `name` (its `cluster_name`) with worker id 5, snowid created in its
 /// database `postgres` and the lease held, and a session to it.

@@ -4,7 +4,7 @@
 //! server's increase.
 
 use snowid_cluster_tests::{
-    error_text, new_holder_wait_ms, wait_for, wait_for_lease_state, Cluster,
+    error_text, new_holder_wait_ms, wait_for, wait_for_lease_state, Cluster, Node,
 };
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -14,62 +14,33 @@ use std::time::{Duration, Instant};
 const LEASE_TTL_S: u64 = 3;
 const SECRET: &str = "never-logged-secret";
 
-struct Node {
-    name: String,
-    cluster: Cluster,
-}
-
-impl Node {
-    fn start(name: &str, worker_id: u16, registry: &Cluster) -> Node {
-        Node::start_with(name, Some(worker_id), registry, false)
-    }
-
-    /// `worker_id` `None` leases any free worker id.
-    fn start_with(
-        name: &str,
-        worker_id: Option<u16>,
-        registry: &Cluster,
-        fake_clock: bool,
-    ) -> Node {
-        let worker_setting = match worker_id {
-            Some(worker_id) => format!("snowid.worker_id = {worker_id}"),
-            None => "snowid.any_worker_id = on".to_string(),
-        };
-        let settings = [
-            "shared_preload_libraries = 'snowid'".to_string(),
-            worker_setting,
-            format!(
-                "snowid.registry = 'host=127.0.0.1 port={} dbname=postgres user=postgres password={SECRET}'",
-                registry.port
-            ),
-            format!("snowid.lease_ttl = {LEASE_TTL_S}"),
-            format!("cluster_name = '{name}'"),
-            "wal_level = logical".to_string(),
-        ];
-        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
-        let cluster = if fake_clock {
-            Cluster::start_with_fake_clock(name, &settings)
-        } else {
-            Cluster::start(name, &settings)
-        };
-        cluster
-            .connect()
-            .batch_execute(
-                "CREATE EXTENSION snowid;
-                 CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), node text, n int);
-                 CREATE TABLE serial_orders (id bigserial PRIMARY KEY, node text);
-                 CREATE PUBLICATION fleet FOR TABLE orders, serial_orders;",
-            )
-            .unwrap();
-        Node {
-            name: name.to_string(),
-            cluster,
-        }
-    }
-
-    fn holder_name(&self) -> String {
-        format!("{}:{}", self.name, self.cluster.port)
-    }
+/// A server of the fleet: worker id `worker_id` (`None`: any free one) leased from `registry`
+/// through a connection string with a password, the short lease, and the tables it inserts into,
+/// published for the aggregator.
+fn fleet_node(name: &str, worker_id: Option<u16>, registry: &Cluster, fake_clock: bool) -> Node {
+    let conninfo = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres password={SECRET}",
+        registry.port
+    );
+    let settings = [
+        format!("snowid.lease_ttl = {LEASE_TTL_S}"),
+        "wal_level = logical".to_string(),
+    ];
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let node = if fake_clock {
+        Node::start_with_fake_clock(name, worker_id, &conninfo, &settings)
+    } else {
+        Node::start(name, worker_id, &conninfo, &settings)
+    };
+    node.cluster
+        .connect()
+        .batch_execute(
+            "CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), node text, n int);
+             CREATE TABLE serial_orders (id bigserial PRIMARY KEY, node text);
+             CREATE PUBLICATION fleet FOR TABLE orders, serial_orders;",
+        )
+        .unwrap();
+    node
 }
 
 /// Every id seen, with the server that issued it, in the order each server issued them.
@@ -130,7 +101,7 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         .batch_execute("CREATE EXTENSION snowid")
         .unwrap();
     let nodes: Vec<Node> = (1..=3)
-        .map(|worker| Node::start(&format!("node{worker}"), worker, &registry))
+        .map(|worker| fleet_node(&format!("node{worker}"), Some(worker), &registry, false))
         .collect();
     for node in &nodes {
         assert_eq!(
@@ -235,7 +206,7 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     // Two servers that name no worker id lease the lowest ones free: 0, never used, and 4.
     let spares: Vec<Node> = ["spare1", "spare2"]
         .iter()
-        .map(|name| Node::start_with(name, None, &registry, false))
+        .map(|name| fleet_node(name, None, &registry, false))
         .collect();
     let mut spare_workers = vec![];
     for spare in &spares {
@@ -264,7 +235,7 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     drop(spares);
 
     // 2. A second server configured with worker id 1, which node1 holds, refuses and names node1.
-    let twin = Node::start("twin", 1, &registry);
+    let twin = fleet_node("twin", Some(1), &registry, false);
     let mut twin_client = twin.cluster.connect();
     assert_eq!(
         wait_for_lease_state(
@@ -410,7 +381,7 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     // 5. node3 stops cleanly; a server whose clock is a minute behind takes worker id 3 and refuses
     // until its clock passes the ids issued under it before, saying for how long.
     node3.cluster.stop("fast");
-    let laggard = Node::start_with("laggard", Some(3), &registry, true);
+    let laggard = fleet_node("laggard", Some(3), &registry, true);
     laggard.cluster.set_clock_offset("-60");
     let mut client = laggard.cluster.connect();
     assert_eq!(

@@ -1,0 +1,926 @@
+//! A fleet of servers leasing their worker ids from a shared registry through libpq connection
+//! strings, as registry roles with the least privilege. Scenarios:
+//!
+//! - TLS: a registry that lets the lease role in only over TLS, with a password; a node that
+//!   verifies the registry's certificate against the test CA and its host name holds its lease over
+//!   TLS, while nodes that trust another CA, name the registry by an address the certificate does
+//!   not carry, or do not use TLS never hold theirs and say why in libpq's words.
+//! - Secrets: the registry password, in a password file or in `snowid.registry` itself, shows in no
+//!   column of `snowid_status()` and in neither server's log, a failed authentication with a wrong
+//!   password file included; from a password file, not in `SHOW snowid.registry` either.
+//! - Least privilege: ordinary roles granted only USAGE on the schema snowid and EXECUTE on its
+//!   functions claim, renew and release their own leases; they cannot write the lease table, nor
+//!   release or claim a live lease another role holds; a role without the grants cannot claim.
+//! - Failover: three nodes issue all the time while the registry's primary crashes and its
+//!   synchronous standby is promoted; none refuses, every id is unique, and the new primary has
+//!   every lease with its high-water mark; a fourth node configured with a held worker id is
+//!   refused.
+//! - Durability: a node whose claim waits for the registry's synchronous standby does not act on it
+//!   until the commit returns, even where the registry's own default would not wait.
+//! - Responsiveness: a registry address that accepts connections and never answers delays no fast
+//!   shutdown, and as the first of two hosts is given up after its connect_timeout; with no host
+//!   answering, each one's failure is named.
+
+use postgres::Client;
+use snowid_cluster_tests::{
+    alone, beside_others, error_text, give_to_postgres, wait_for, wait_for_lease_state, Cluster,
+    Node,
+};
+use std::collections::HashSet;
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The registry roles' password; spaces and all, it must reach libpq intact.
+const PASSWORD: &str = "correct horse 7";
+/// A password file entry that fails authentication.
+const WRONG_PASSWORD: &str = "wrong horse 8";
+/// The lease state of a node whose worker id another server holds (src/lease.rs).
+const HELD_BY_OTHER: &str = "held by another server";
+
+/// A registry: snowid created in its database `postgres`, and `roles`, ordinary LOGIN roles with
+/// the password [`PASSWORD`] granted exactly what a node's registry role needs.
+fn registry(name: &str, roles: &[&str]) -> Cluster {
+    let registry = Cluster::start(name, &["password_encryption = 'scram-sha-256'"]);
+    let mut client = registry.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    for role in roles {
+        client
+            .batch_execute(&format!(
+                "CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}';
+                 GRANT USAGE ON SCHEMA snowid TO {role};
+                 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA snowid TO {role};"
+            ))
+            .unwrap();
+    }
+    registry
+}
+
+/// A password file in the registry's directory with one entry, for `role` on every host, owned by
+/// postgres with mode 0600, as libpq requires.
+fn password_file(registry: &Cluster, file: &str, role: &str, password: &str) -> PathBuf {
+    let path = registry.dir().join(file);
+    fs::write(&path, format!("*:*:*:{role}:{password}\n")).unwrap();
+    give_to_postgres(&path, 0o600);
+    path
+}
+
+/// The SQLSTATE and message of a failed statement, as `"42501: message"`.
+fn denial<T: std::fmt::Debug>(result: Result<T, postgres::Error>) -> String {
+    let error = result.expect_err("the statement is refused");
+    let db = error
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a server error: {error}"));
+    format!("{}: {}", db.code().code(), db.message())
+}
+
+/// A node's `snowid_status()`: lease_state, worker_id, last_error.
+fn status(client: &mut Client) -> (String, Option<i32>, Option<String>) {
+    let row = client
+        .query_one(
+            "SELECT lease_state, worker_id, last_error FROM snowid_status()",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// Waits up to 10 s for a node's last_error to contain `clause`; returns its lease_state and
+/// last_error then.
+fn wait_for_error(node: &Node, clause: &str) -> (String, String) {
+    let mut client = node.cluster.connect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (state, _, error) = status(&mut client);
+        let error = error.unwrap_or_default();
+        if error.contains(clause) || Instant::now() > deadline {
+            return (state, error);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until a node holds its lease, on `worker_id`.
+fn assert_holds(node: &Node, worker_id: i32) {
+    let mut client = node.cluster.connect();
+    let state = wait_for_lease_state(&mut client, "held", Duration::from_secs(15));
+    let (_, shown_worker_id, error) = status(&mut client);
+    assert_eq!(
+        (state.as_str(), shown_worker_id),
+        ("held", Some(worker_id)),
+        "{}: {error:?}",
+        node.name
+    );
+}
+
+/// The registry's row for `worker_id`: holder, incarnation, holder_name, holder_role,
+/// high_water_ms, released_by.
+type LeaseRow = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<String>,
+);
+
+fn lease_row(registry: &mut Client, worker_id: i32) -> LeaseRow {
+    let row = registry
+        .query_one(
+            "SELECT holder, incarnation, holder_name, holder_role::text, high_water_ms, released_by \
+             FROM snowid.worker_lease WHERE worker_id = $1",
+            &[&worker_id],
+        )
+        .unwrap();
+    (
+        row.get(0),
+        row.get(1),
+        row.get(2),
+        row.get(3),
+        row.get(4),
+        row.get(5),
+    )
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let output = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A self-signed CA certificate `<name>.crt` with its key `<name>.key` in `dir`.
+fn certificate_authority(dir: &Path, name: &str) -> PathBuf {
+    let (key, cert) = (format!("{name}.key"), format!("{name}.crt"));
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=snowid test {name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+    let cert = dir.join(cert);
+    give_to_postgres(&cert, 0o644);
+    give_to_postgres(&dir.join(key), 0o600);
+    cert
+}
+
+/// The registry's certificate and key, signed by the CA `ca`, in `dir`: its only name is the DNS
+/// name localhost (the subject has no common name, which libpq would count as a second name).
+fn server_certificate(dir: &Path, ca: &str) -> (PathBuf, PathBuf) {
+    fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/O=snowid test registry",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            &format!("{ca}.crt"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+    give_to_postgres(&cert, 0o644);
+    give_to_postgres(&key, 0o600);
+    (cert, key)
+}
+
+#[test]
+fn a_node_holds_its_lease_over_verified_tls_and_nodes_failing_verification_say_why() {
+    let _machine = beside_others();
+    let registry = registry("tls-registry", &["node1"]);
+    let dir = registry.dir().to_path_buf();
+    let ca = certificate_authority(&dir, "ca");
+    let other_ca = certificate_authority(&dir, "other-ca");
+    let (cert, key) = server_certificate(&dir, "ca");
+    registry.reconfigure(
+        &[
+            "ssl = on",
+            &format!("ssl_cert_file = '{}'", cert.display()),
+            &format!("ssl_key_file = '{}'", key.display()),
+        ],
+        &[
+            "local all all trust",
+            "hostssl all node1 127.0.0.1/32 scram-sha-256",
+            "host all node1 127.0.0.1/32 reject",
+            "host all all 127.0.0.1/32 trust",
+        ],
+    );
+    let passfile = password_file(&registry, "pgpass", "node1", PASSWORD);
+    let conninfo = |host: &str, tls: &str| {
+        format!(
+            "host={host} port={} dbname=postgres user=node1 {tls} passfile={}",
+            registry.port,
+            passfile.display()
+        )
+    };
+    let verified = format!("sslmode=verify-full sslrootcert={}", ca.display());
+    let node = Node::start("tls", Some(1), &conninfo("localhost", &verified), &[]);
+    let other_ca_node = Node::start(
+        "other-ca",
+        Some(2),
+        &conninfo(
+            "localhost",
+            &format!("sslmode=verify-full sslrootcert={}", other_ca.display()),
+        ),
+        &[],
+    );
+    let by_address = Node::start(
+        "by-address",
+        Some(3),
+        &conninfo("127.0.0.1", &verified),
+        &[],
+    );
+    let plain = Node::start(
+        "plain",
+        Some(4),
+        &conninfo("localhost", "sslmode=disable"),
+        &[],
+    );
+
+    assert_holds(&node, 1);
+    let mut client = registry.connect();
+    let mut sessions = vec![];
+    wait_for(
+        "the lease worker's session on the registry",
+        Duration::from_secs(10),
+        || {
+            sessions = client
+                .query(
+                    "SELECT a.usename::text, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+                     WHERE a.application_name = 'snowid lease worker'",
+                    &[],
+                )
+                .unwrap()
+                .iter()
+                .map(|row| (row.get::<_, String>(0), row.get::<_, bool>(1)))
+                .collect::<Vec<_>>();
+            !sessions.is_empty()
+        },
+    );
+    assert_eq!(sessions, [("node1".to_string(), true)]);
+    let (holder, _, holder_name, holder_role, _, _) = lease_row(&mut client, 1);
+    assert!(holder.is_some());
+    assert_eq!(holder_name, Some(node.holder_name()));
+    assert_eq!(holder_role.as_deref(), Some("node1"));
+
+    for (failing, clause) in [
+        (&other_ca_node, "certificate verify failed"),
+        (
+            &by_address,
+            "server certificate for \"localhost\" does not match host name \"127.0.0.1\"",
+        ),
+        (&plain, "pg_hba.conf rejects connection"),
+    ] {
+        let (state, error) = wait_for_error(failing, clause);
+        assert!(error.contains(clause), "{}: {error}", failing.name);
+        assert_eq!(state, "starting", "{}", failing.name);
+    }
+    // None of them got as far as the lease table.
+    let leased: Vec<i32> = client
+        .query(
+            "SELECT worker_id FROM snowid.worker_lease ORDER BY worker_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(leased, [1]);
+}
+
+#[test]
+fn the_registry_password_shows_in_no_status_log_or_setting_from_a_password_file() {
+    let _machine = beside_others();
+    let registry = registry("secrets-registry", &["node1"]);
+    let logging = [
+        "log_connections = on",
+        "log_disconnections = on",
+        "log_statement = 'all'",
+        "log_min_messages = debug1",
+    ];
+    registry.reconfigure(
+        &logging,
+        &[
+            "local all all trust",
+            "host all node1 127.0.0.1/32 scram-sha-256",
+            "host all all 127.0.0.1/32 trust",
+        ],
+    );
+    let right = password_file(&registry, "pgpass", "node1", PASSWORD);
+    let wrong = password_file(&registry, "wrong-pgpass", "node1", WRONG_PASSWORD);
+    let base = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=node1",
+        registry.port
+    );
+    let in_file_conninfo = format!("{base} passfile={}", right.display());
+    let in_file = Node::start("in-file", Some(1), &in_file_conninfo, &logging);
+    let in_setting = Node::start(
+        "in-setting",
+        Some(2),
+        &format!("{base} password='{PASSWORD}'"),
+        &logging,
+    );
+    let wrong_file = Node::start(
+        "wrong-file",
+        Some(3),
+        &format!("{base} passfile={}", wrong.display()),
+        &logging,
+    );
+    assert_holds(&in_file, 1);
+    assert_holds(&in_setting, 2);
+    let clause = "password authentication failed for user \"node1\"";
+    let (state, error) = wait_for_error(&wrong_file, clause);
+    assert!(error.contains(clause), "{error}");
+    assert_eq!(state, "starting");
+    assert!(
+        registry.log().contains(clause),
+        "the registry logged the failed authentication"
+    );
+    assert!(
+        registry.log().contains(
+            "connection authorized: user=node1 database=postgres application_name=snowid lease worker"
+        ),
+        "the registry logged the lease workers' connections"
+    );
+
+    for node in [&in_file, &in_setting, &wrong_file] {
+        let shown: String = node
+            .cluster
+            .connect()
+            .query_one("SELECT s::text FROM snowid_status() s", &[])
+            .unwrap()
+            .get(0);
+        for password in [PASSWORD, WRONG_PASSWORD] {
+            assert!(
+                !shown.contains(password),
+                "{} shows a password in snowid_status(): {shown}",
+                node.name
+            );
+            assert!(
+                !node.cluster.log().contains(password),
+                "{} logged a password",
+                node.name
+            );
+        }
+    }
+    for password in [PASSWORD, WRONG_PASSWORD] {
+        assert!(
+            !registry.log().contains(password),
+            "the registry logged a password"
+        );
+    }
+    // pg_monitor members read the setting (see the lease test); from a password file, it names the
+    // file and holds no password.
+    let mut client = in_file.cluster.connect();
+    client
+        .batch_execute("CREATE ROLE watcher IN ROLE pg_monitor; SET ROLE watcher")
+        .unwrap();
+    let shown: String = client
+        .query_one("SHOW snowid.registry", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, in_file_conninfo);
+    assert!(!shown.contains(PASSWORD));
+}
+
+#[test]
+fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other() {
+    let _machine = beside_others();
+    let registry = registry("privilege-registry", &["node1", "node2"]);
+    let mut admin = registry.connect();
+    admin.batch_execute("CREATE ROLE nobody LOGIN").unwrap();
+    let conninfo = |role: &str| {
+        format!(
+            "host=127.0.0.1 port={} dbname=postgres user={role}",
+            registry.port
+        )
+    };
+    let short_lease = ["snowid.lease_ttl = 3"];
+    let one = Node::start("one", Some(1), &conninfo("node1"), &short_lease);
+    let two = Node::start("two", Some(2), &conninfo("node2"), &short_lease);
+    assert_holds(&one, 1);
+    assert_holds(&two, 2);
+    let (one_holder, _, one_name, one_role, _, _) = lease_row(&mut admin, 1);
+    assert_eq!(
+        (one_name, one_role.as_deref()),
+        (Some(one.holder_name()), Some("node1"))
+    );
+    let two_row = lease_row(&mut admin, 2);
+    let (two_holder, two_incarnation) = (two_row.0.clone().unwrap(), two_row.1.clone().unwrap());
+    assert_eq!(
+        (two_row.2.clone(), two_row.3.as_deref()),
+        (Some(two.holder_name()), Some("node2"))
+    );
+
+    // node1's server renews its lease every second.
+    let mut renewals: Vec<i64> = vec![];
+    wait_for(
+        "two renewals of worker id 1",
+        Duration::from_secs(6),
+        || {
+            let row = admin
+                .query_one(
+                    "SELECT (extract(epoch FROM renewed_at) * 1000)::int8, holder \
+                 FROM snowid.worker_lease WHERE worker_id = 1",
+                    &[],
+                )
+                .unwrap();
+            assert_eq!(row.get::<_, Option<String>>(1), one_holder);
+            let renewed: i64 = row.get(0);
+            if renewals.last() != Some(&renewed) {
+                renewals.push(renewed);
+            }
+            renewals.len() >= 3
+        },
+    );
+    assert!(
+        renewals.windows(2).all(|pair| pair[0] < pair[1]),
+        "{renewals:?}"
+    );
+
+    // As node1: no direct writes, reading is fine, and node2's live lease is not node1's to
+    // release or claim.
+    let mut node1 = registry.connect_as("node1");
+    let table_denied = "42501: permission denied for table worker_lease";
+    for statement in [
+        "INSERT INTO snowid.worker_lease (worker_id) VALUES (9)",
+        "UPDATE snowid.worker_lease SET high_water_ms = 0 WHERE worker_id = 2",
+        "DELETE FROM snowid.worker_lease WHERE worker_id = 2",
+    ] {
+        assert_eq!(
+            denial(node1.execute(statement, &[])),
+            table_denied,
+            "{statement}"
+        );
+    }
+    let rows: i64 = node1
+        .query_one("SELECT count(*) FROM snowid.worker_lease", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 2);
+    let lease_denied =
+        "42501: permission denied for the lease on worker id 2: it is held by role \"node2\"";
+    assert_eq!(
+        denial(node1.query_one(
+            "SELECT snowid.lease_release(2, $1, $2, 0, 1)",
+            &[&two_holder, &two_incarnation],
+        )),
+        lease_denied
+    );
+    assert_eq!(
+        denial(node1.query_one(
+            "SELECT * FROM snowid.lease_claim(2, $1, 'x', 'x', 3000, 0, true, 1)",
+            &[&two_holder],
+        )),
+        lease_denied
+    );
+    let after = lease_row(&mut admin, 2);
+    assert_eq!(
+        (&after.0, &after.1, &after.3),
+        (&two_row.0, &two_row.1, &two_row.3),
+        "node2's lease is untouched"
+    );
+    assert!(
+        after.4 >= two_row.4,
+        "node2's high-water mark is not lowered"
+    );
+    assert_holds(&two, 2);
+
+    // A role without the grants cannot claim at all, and may read.
+    let mut nobody = registry.connect_as("nobody");
+    assert_eq!(
+        denial(nobody.query_one(
+            "SELECT * FROM snowid.lease_claim(9, 'h', 'i', 'n', 3000, 0, true, 1)",
+            &[],
+        )),
+        "42501: permission denied for function lease_claim"
+    );
+    let rows: i64 = nobody
+        .query_one("SELECT count(*) FROM snowid.worker_lease", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 2);
+
+    // A clean shutdown releases the lease; the row still names the role that held it.
+    one.cluster.stop("fast");
+    let (holder, incarnation, _, holder_role, _, released_by) = lease_row(&mut admin, 1);
+    assert_eq!(
+        (holder, incarnation, holder_role.as_deref(), released_by),
+        (None, None, Some("node1"), one_holder)
+    );
+}
+
+/// Milliseconds since 1970 by this machine's clock, which the registries share.
+fn unix_ms_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+#[test]
+fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby() {
+    let _machine = alone();
+    const LEASE_TTL_MS: i64 = 10_000;
+    let primary = registry("failover-primary", &["node"]);
+    primary.reconfigure(
+        &[],
+        &[
+            "local all all trust",
+            "local replication all trust",
+            "host replication all 127.0.0.1/32 trust",
+            "host all node 127.0.0.1/32 scram-sha-256",
+            "host all all 127.0.0.1/32 trust",
+        ],
+    );
+    let standby = primary.standby_of("failover-standby");
+    // The primary waits for its standby at every commit; the standby, once promoted, for nobody.
+    let mut client = primary.connect();
+    client
+        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        .unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").unwrap();
+    wait_for("a synchronous standby", Duration::from_secs(10), || {
+        client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                &[],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    });
+    let standby_sync: String = standby
+        .connect()
+        .query_one("SHOW synchronous_standby_names", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(standby_sync, "");
+
+    let passfile = password_file(&primary, "pgpass", "node", PASSWORD);
+    let conninfo = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} dbname=postgres user=node \
+         target_session_attrs=read-write passfile={}",
+        primary.port,
+        standby.port,
+        passfile.display()
+    );
+    let settings = [format!("snowid.lease_ttl = {}", LEASE_TTL_MS / 1000)];
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let nodes: Vec<Node> = (1..=3)
+        .map(|worker| Node::start(&format!("node{worker}"), Some(worker), &conninfo, &settings))
+        .collect();
+    for (node, worker) in nodes.iter().zip(1..) {
+        assert_holds(node, worker);
+    }
+
+    let stop = AtomicBool::new(false);
+    let mut kill_to_renewal: Vec<Option<i64>> = vec![None; nodes.len()];
+    let (before, results) = std::thread::scope(|scope| {
+        let issuing: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                let stop = &stop;
+                scope.spawn(move || {
+                    let mut client = node.cluster.connect();
+                    let (mut ids, mut refusals) = (vec![], vec![]);
+                    while !stop.load(Ordering::Relaxed) {
+                        match client.query_one("SELECT snowid_next()", &[]) {
+                            Ok(row) => ids.push(row.get::<_, i64>(0)),
+                            Err(error) => refusals.push(error_text(&error)),
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    (ids, refusals)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(3));
+        let before: Vec<LeaseRow> = (1..=3)
+            .map(|worker| lease_row(&mut client, worker))
+            .collect();
+        let killed_at = unix_ms_now();
+        let killed = Instant::now();
+        primary.kill_postmaster();
+        standby.promote();
+        println!(
+            "the standby was promoted {:?} after the primary was killed",
+            killed.elapsed()
+        );
+        // The first renewal against the new primary shows as a lease end one time-to-live after it.
+        let mut node_clients: Vec<Client> =
+            nodes.iter().map(|node| node.cluster.connect()).collect();
+        while killed.elapsed() < Duration::from_secs(10) {
+            for (client, measured) in node_clients.iter_mut().zip(&mut kill_to_renewal) {
+                let expires_ms: Option<i64> = client
+                    .query_one(
+                        "SELECT (extract(epoch FROM lease_expires_at) * 1000)::int8 FROM snowid_status()",
+                        &[],
+                    )
+                    .unwrap()
+                    .get(0);
+                let renewed_ms = expires_ms.map(|ms| ms - LEASE_TTL_MS);
+                if let Some(renewed_ms) = renewed_ms.filter(|&ms| ms > killed_at) {
+                    measured.get_or_insert(renewed_ms - killed_at);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let results: Vec<(Vec<i64>, Vec<String>)> = issuing
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect();
+        (before, results)
+    });
+
+    for ((node, (ids, refusals)), measured) in nodes.iter().zip(&results).zip(&kill_to_renewal) {
+        println!(
+            "{}: {} ids, {} refusals, first renewal against the new primary {measured:?} ms after the kill",
+            node.name,
+            ids.len(),
+            refusals.len()
+        );
+    }
+    let mut all = HashSet::new();
+    for ((node, (ids, refusals)), worker) in nodes.iter().zip(&results).zip(1..) {
+        assert_eq!(refusals, &Vec::<String>::new(), "{} refused", node.name);
+        assert!(!ids.is_empty(), "{} issued", node.name);
+        assert!(
+            ids.windows(2).all(|pair| pair[0] < pair[1]),
+            "{}'s ids increase",
+            node.name
+        );
+        assert!(
+            ids.iter().all(|id| (id >> 12) & 1023 == i64::from(worker)),
+            "{} issued under worker id {worker} only",
+            node.name
+        );
+        all.extend(ids.iter().copied());
+        assert_holds(node, worker as i32);
+    }
+    let issued: usize = results.iter().map(|(ids, _)| ids.len()).sum();
+    assert_eq!(all.len(), issued, "no id was issued twice");
+    for (node, measured) in nodes.iter().zip(&kill_to_renewal) {
+        assert!(
+            measured.is_some(),
+            "{} renewed against the new primary",
+            node.name
+        );
+    }
+
+    // The new primary has every lease, its holder and its high-water mark.
+    let mut promoted = standby.connect();
+    for ((node, old), worker) in nodes.iter().zip(&before).zip(1..) {
+        let new = lease_row(&mut promoted, worker);
+        assert!(old.0.is_some());
+        assert_eq!(
+            (&new.0, &new.2, new.3.as_deref()),
+            (&old.0, &Some(node.holder_name()), Some("node")),
+            "worker id {worker}"
+        );
+        assert!(
+            new.4 >= old.4,
+            "worker id {worker}'s high-water mark went from {} to {}",
+            old.4,
+            new.4
+        );
+    }
+
+    // A fourth node configured with worker id 2 finds it held by node2.
+    let twin = Node::start("twin", Some(2), &conninfo, &settings);
+    let mut twin_client = twin.cluster.connect();
+    assert_eq!(
+        wait_for_lease_state(&mut twin_client, HELD_BY_OTHER, Duration::from_secs(15)),
+        HELD_BY_OTHER,
+        "{:?}",
+        status(&mut twin_client)
+    );
+    let holder: Option<String> = twin_client
+        .query_one("SELECT lease_holder FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(holder, Some(nodes[1].holder_name()));
+}
+
+#[test]
+fn a_registry_that_never_answers_delays_no_fast_shutdown() {
+    let _machine = alone();
+    // Connections complete in the kernel's backlog; nothing ever reads or answers them.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let node = Node::start(
+        "patient",
+        Some(1),
+        &format!("host=127.0.0.1 port={port} dbname=postgres user=postgres connect_timeout=30"),
+        &[],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let (state, _, error) = status(&mut node.cluster.connect());
+    assert_eq!(state, "starting", "{error:?}");
+    let stopping = Instant::now();
+    node.cluster.stop("fast");
+    let took = stopping.elapsed();
+    println!("a fast shutdown took {took:?} while the lease worker waited for a silent registry");
+    assert!(
+        took < Duration::from_secs(1),
+        "a fast shutdown took {took:?}"
+    );
+    drop(silent);
+}
+
+#[test]
+fn a_silent_first_registry_host_is_given_up_after_its_connect_timeout() {
+    let _machine = alone();
+    let registry = registry("second-host-registry", &[]);
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let node = Node::start(
+        "second-host",
+        Some(1),
+        &format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} dbname=postgres user=postgres connect_timeout=2",
+            silent.local_addr().unwrap().port(),
+            registry.port
+        ),
+        &[],
+    );
+    assert_holds(&node, 1);
+    let (holder, _, holder_name, holder_role, _, _) = lease_row(&mut registry.connect(), 1);
+    assert!(holder.is_some());
+    assert_eq!(
+        (holder_name, holder_role.as_deref()),
+        (Some(node.holder_name()), Some("postgres"))
+    );
+    // The lease worker starts with the server, waits out the silent host's 2 s, and claims from the
+    // second host at once.
+    let started_ms: i64 = node
+        .cluster
+        .connect()
+        .query_one(
+            "SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000)::int8",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let acquired_ms: i64 = registry
+        .connect()
+        .query_one(
+            "SELECT (extract(epoch FROM acquired_at) * 1000)::int8 FROM snowid.worker_lease \
+             WHERE worker_id = 1",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let waited = acquired_ms - started_ms;
+    println!("the lease was claimed {waited} ms after the node's server started");
+    assert!(
+        (2_000..5_000).contains(&waited),
+        "claimed after {waited} ms"
+    );
+
+    // With no host left that answers, each one's failure is named, in order.
+    let refusing_port = {
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+        closed.local_addr().unwrap().port()
+    };
+    let silent_port = silent.local_addr().unwrap().port();
+    let stranded = Node::start(
+        "stranded",
+        Some(2),
+        &format!(
+            "host=127.0.0.1,127.0.0.1 port={silent_port},{refusing_port} dbname=postgres \
+             user=postgres connect_timeout=2"
+        ),
+        &[],
+    );
+    let expected = format!(
+        "connection to server at \"127.0.0.1\", port {silent_port} failed: no answer within 2 s; \
+         connection to server at \"127.0.0.1\", port {refusing_port} failed: Connection refused Is \
+         the server running on that host and accepting TCP/IP connections?"
+    );
+    assert_eq!(
+        wait_for_error(&stranded, "Connection refused"),
+        ("starting".to_string(), expected)
+    );
+    drop(silent);
+}
+
+#[test]
+fn a_node_acts_on_no_claim_before_the_registrys_synchronous_standby_has_it() {
+    let _machine = beside_others();
+    // Commits wait for a standby named "absent", which never connects; the registry's own default
+    // would not wait at all, but the lease worker's sessions set synchronous_commit = on.
+    let registry = Cluster::start(
+        "unconfirmed-registry",
+        &[
+            "synchronous_commit = off",
+            "synchronous_standby_names = 'absent'",
+        ],
+    );
+    let mut client = registry.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let node = Node::start(
+        "unconfirmed",
+        Some(4),
+        &format!(
+            "host=127.0.0.1 port={} dbname=postgres user=postgres",
+            registry.port
+        ),
+        &["snowid.lease_ttl = 3"],
+    );
+    let (state, error) = wait_for_error(&node, "did not answer");
+    assert_eq!(
+        (state.as_str(), error.as_str()),
+        ("starting", "the registry did not answer within 3 s")
+    );
+    let waiting: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'snowid lease worker' AND wait_event = 'SyncRep'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(waiting, 1);
+    let mut node_client = node.cluster.connect();
+    assert_eq!(
+        node_client
+            .query_one("SELECT snowid_next()", &[])
+            .map_err(|error| error_text(&error))
+            .unwrap_err()
+            .split(": ")
+            .take(3)
+            .collect::<Vec<_>>(),
+        [
+            "55000",
+            "snowid refuses to issue ids",
+            "the lease on worker id 4 is not acquired yet"
+        ]
+    );
+    // Once commits need no standby, the claim waiting for one completes, and the next one holds.
+    client
+        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = ''")
+        .unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").unwrap();
+    assert_holds(&node, 4);
+    // The claim it never acted on reserved up to a lease's length ahead, so issuing starts there.
+    wait_for("issuing", Duration::from_secs(5), || {
+        node_client.query_one("SELECT snowid_next()", &[]).is_ok()
+    });
+}
