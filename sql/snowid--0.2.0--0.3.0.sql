@@ -9,11 +9,12 @@ ALTER TABLE snowid.worker_lease DROP CONSTRAINT worker_lease_high_water_ms_check
 ALTER TABLE snowid.worker_lease ADD CONSTRAINT worker_lease_high_water_ms_check
     CHECK (high_water_ms BETWEEN 0 AND 2199023255552);
 ALTER TABLE snowid.worker_lease ADD COLUMN released_by text, ADD COLUMN released_timeline bigint,
-    ADD COLUMN holder_role name;
+    ADD COLUMN holder_role name, ADD COLUMN acquired_mark_ms bigint;
 COMMENT ON COLUMN snowid.worker_lease.holder IS 'The holding server (system identifier and a hash of its data directory''s device, inode number and birth time); NULL when free';
 COMMENT ON COLUMN snowid.worker_lease.released_by IS 'The holder that released the lease at its clean shutdown';
 COMMENT ON COLUMN snowid.worker_lease.released_timeline IS 'The WAL timeline of the server that released the lease';
-COMMENT ON COLUMN snowid.worker_lease.holder_role IS 'The login role the lease was last claimed with; no other role may renew it while it runs, or release it';
+COMMENT ON COLUMN snowid.worker_lease.holder_role IS 'The login role the lease was last claimed with; no other role but a superuser may renew it while it runs, or release it';
+COMMENT ON COLUMN snowid.worker_lease.acquired_mark_ms IS 'The high-water mark when the holder took the row; releasing the lease never lowers the mark below it';
 
 -- pg_dump keeps the rows, so that a restored registry keeps every high-water mark.
 SELECT pg_catalog.pg_extension_config_dump('snowid.worker_lease', '');
@@ -48,40 +49,60 @@ DROP FUNCTION snowid.lease_release(integer, text, text, bigint);
 -- holder starts; `continued` says whether this holder held the row already, `renewal` whether
 -- this run of it did, and `tenure` (when this run took the row, in microseconds since 1970) lets it
 -- tell a renewal of the grant it applied from one whose first answer it never got; every claim
--- raises the mark to the claimant's reservation. The caller's login role holds the lease: a live
--- lease claimed as its holder by another role is refused with 42501.
+-- raises the mark to the claimant's reservation, which may lie at most an hour and the lease's
+-- time-to-live ahead of this registry's clock. The caller's login role holds the lease: a live
+-- lease claimed as its holder by another role (a superuser excepted) is refused with 42501.
 CREATE FUNCTION snowid.lease_claim(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
     p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
     OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
     OUT renewal boolean, OUT released boolean, OUT tenure bigint)
-LANGUAGE plpgsql
+LANGUAGE plpgsql STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     lease snowid.worker_lease;
     claimed_at timestamptz := clock_timestamp();
+    locked boolean := false;
+    trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
 BEGIN
+    IF p_ttl_ms NOT BETWEEN 1000 AND 3600000 THEN
+        RAISE EXCEPTION 'a lease''s time-to-live must be between 1000 and 3600000 ms, not %', p_ttl_ms
+            USING ERRCODE = '22023';
+    END IF;
+    p_reserve_until_ms := least(p_reserve_until_ms,
+        (extract(epoch FROM claimed_at) * 1000)::bigint - 1767225600000 + p_ttl_ms + 3600000);
     INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
-    SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
-    IF lease.holder = p_holder AND lease.expires_at > claimed_at
-       AND lease.holder_role <> session_user THEN
-        RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by role "%"',
-            p_worker_id, lease.holder_role USING ERRCODE = '42501';
-    END IF;
-    released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
-    IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
-        AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at))
-       OR (released AND NOT p_takeover_on_expiry AND lease.released_by <> p_holder
-           AND split_part(lease.released_by, '-', 1) = split_part(p_holder, '-', 1)
-           AND lease.released_timeline >= p_timeline) THEN
-        granted := false;
-        holder_name := lease.holder_name;
-        expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
-        RETURN;
-    END IF;
+    -- Decided on the row as it stands, then again once locked: a claim that is refused never
+    -- locks the row, so that no role can hold up another's renewals by leaving its transaction open.
+    LOOP
+        IF locked THEN
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
+        ELSE
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
+        END IF;
+        IF lease.holder = p_holder AND lease.expires_at > claimed_at AND NOT trusted
+           AND lease.holder_role IS DISTINCT FROM session_user THEN
+            RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
+                p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
+                USING ERRCODE = '42501';
+        END IF;
+        released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
+        IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
+            AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at))
+           OR (released AND NOT p_takeover_on_expiry AND lease.released_by <> p_holder
+               AND split_part(lease.released_by, '-', 1) = split_part(p_holder, '-', 1)
+               AND lease.released_timeline >= p_timeline) THEN
+            granted := false;
+            holder_name := lease.holder_name;
+            expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
+            RETURN;
+        END IF;
+        EXIT WHEN locked;
+        locked := true;
+    END LOOP;
     granted := true;
     floor_ms := lease.high_water_ms;
     continued := lease.holder IS NOT DISTINCT FROM p_holder;
@@ -92,7 +113,8 @@ BEGIN
            renewed_at = claimed_at,
            expires_at = claimed_at + p_ttl_ms * interval '1 millisecond',
            high_water_ms = greatest(l.high_water_ms, p_reserve_until_ms),
-           released_by = NULL, released_timeline = NULL, holder_role = session_user
+           released_by = NULL, released_timeline = NULL, holder_role = session_user,
+           acquired_mark_ms = CASE WHEN continued THEN l.acquired_mark_ms ELSE l.high_water_ms END
      WHERE l.worker_id = p_worker_id
     RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint,
               (extract(epoch FROM l.acquired_at) * 1000000)::bigint
@@ -102,22 +124,23 @@ $$;
 
 -- Acquires a lease on any worker id, for servers of a shared registry that do not name one: the
 -- one this server holds already, else the lowest one free or expired, else the lowest never used.
--- Pickers take turns.
+-- Servers picking a new one take turns, on a lock of the table that renewals never wait for and
+-- that only roles allowed to change the table can take.
 CREATE FUNCTION snowid.lease_claim_any(
     p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
     p_timeline bigint,
     OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
     OUT renewal boolean, OUT released boolean, OUT tenure bigint)
-LANGUAGE plpgsql
+LANGUAGE plpgsql STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    LOCK TABLE snowid.worker_lease IN SHARE ROW EXCLUSIVE MODE;
     SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
      WHERE l.holder = p_holder ORDER BY l.worker_id LIMIT 1;
     IF worker_id IS NULL THEN
+        LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
         SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
          WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp() ORDER BY l.worker_id LIMIT 1;
     END IF;
@@ -140,31 +163,37 @@ END
 $$;
 
 -- Releases a lease its holder no longer needs, at its clean shutdown, lowering the high-water mark
--- to just above the ids it really issued and recording who released it, on which timeline.
--- Returns NULL when the caller did not hold it; a lease held with another role is refused with
--- 42501.
+-- to just above the ids it really issued (never below the mark it took the row at) and recording
+-- who released it, on which timeline. Returns NULL when the caller did not hold it; a lease held
+-- with another role (a superuser excepted) is refused with 42501, without locking its row.
 CREATE FUNCTION snowid.lease_release(
     p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint,
     p_timeline bigint)
 RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE plpgsql STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
     lease snowid.worker_lease;
 BEGIN
-    SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
-    IF lease.holder IS NOT NULL AND lease.holder_role <> session_user THEN
-        RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by role "%"',
-            p_worker_id, lease.holder_role USING ERRCODE = '42501';
-    END IF;
     UPDATE snowid.worker_lease l
        SET holder = NULL, incarnation = NULL, expires_at = NULL,
-           high_water_ms = least(l.high_water_ms, p_high_water_ms),
+           high_water_ms = greatest(l.acquired_mark_ms, least(l.high_water_ms, p_high_water_ms)),
            released_by = p_holder, released_timeline = p_timeline
-     WHERE l.worker_id = p_worker_id AND l.holder = p_holder AND l.incarnation = p_incarnation;
-    RETURN CASE WHEN FOUND THEN true END;
+     WHERE l.worker_id = p_worker_id AND l.holder = p_holder AND l.incarnation = p_incarnation
+       AND (trusted OR l.holder_role = session_user);
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
+    IF lease.holder IS NOT NULL AND NOT trusted AND lease.holder_role IS DISTINCT FROM session_user THEN
+        RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
+            p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
+            USING ERRCODE = '42501';
+    END IF;
+    RETURN NULL;
 END
 $$;
 

@@ -14,12 +14,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Settings of the worker's registry sessions, after any the connection string gives: a search
-/// path no role can put objects in, commits that wait for a synchronous standby, bounded waits.
+/// path no role can put objects in, commits that wait for a synchronous standby, warnings sent to
+/// the client (a cancelled wait for that standby is one), bounded waits.
 fn session_options() -> String {
     let ms = STATEMENT_TIMEOUT.as_millis();
     format!(
-        "-c search_path=pg_catalog,pg_temp -c synchronous_commit=on -c statement_timeout={ms} \
-         -c lock_timeout={ms}"
+        "-c search_path=pg_catalog,pg_temp -c synchronous_commit=on -c client_min_messages=warning \
+         -c statement_timeout={ms} -c lock_timeout={ms}"
     )
 }
 
@@ -126,7 +127,8 @@ mod tests {
     }
 
     const SESSION: &str = "-c search_path=pg_catalog,pg_temp -c synchronous_commit=on \
-                           -c statement_timeout=2000 -c lock_timeout=2000";
+                           -c client_min_messages=warning -c statement_timeout=2000 \
+                           -c lock_timeout=2000";
 
     #[test]
     fn sessions_get_the_workers_settings_after_the_given_ones() {

@@ -41,65 +41,91 @@ impl Remote {
     }
 
     pub fn claim(&mut self, sql: &str, params: &[Param]) -> Result<ClaimRow, String> {
-        let rows = self.call(sql, params)?;
+        let rows = self.call(sql, params, None)?;
         let row = rows.first().ok_or("the registry returned no row")?;
         ClaimRow::from_text(row)
     }
 
+    /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
+    /// the registry's hosts do; a lease not released runs out by itself.
     pub fn release(&mut self, params: &[Param]) -> Result<(), String> {
-        self.call(lease::RELEASE_SQL, params).map(|_| ())
+        let budget = Instant::now() + RELEASE_BUDGET;
+        self.call(lease::RELEASE_SQL, params, Some(budget))
+            .map(|_| ())
     }
 
-    /// Runs `sql` on the registry, connecting first if needed; a failed call drops the connection
-    /// so that the next one starts afresh.
-    fn call(&mut self, sql: &str, params: &[Param]) -> Result<Vec<Vec<Option<String>>>, String> {
+    /// Runs `sql` on the registry, connecting first if needed, all before `budget` if there is
+    /// one; a failed call drops the connection so that the next one starts afresh.
+    fn call(
+        &mut self,
+        sql: &str,
+        params: &[Param],
+        budget: Option<Instant>,
+    ) -> Result<Vec<Vec<Option<String>>>, String> {
         if self.connection.is_none() {
-            self.connection = Some(self.connect()?);
+            self.connection = Some(self.connect(budget)?);
         }
         let connection = self.connection.as_mut().expect("connected above");
         let params: Vec<String> = params.iter().map(Param::text).collect();
-        let limit = conninfo::STATEMENT_TIMEOUT + Duration::from_secs(1);
-        let result = connection.query(sql, &params, Instant::now() + limit, &mut sigterm_arrived);
+        let deadline = within(STATEMENT_LIMIT, budget);
+        let result = connection.query(sql, &params, deadline, &mut sigterm_arrived);
         if result.is_err() {
             self.connection = None;
         }
         result.map_err(|failure| match failure {
-            Failure::TimedOut => {
-                format!("the registry did not answer within {} s", limit.as_secs())
-            }
-            failure => message(failure),
+            Failure::TimedOut => "the registry did not answer in time".into(),
+            Failure::Stopped => STOPPED.into(),
+            Failure::Error(error) => error,
         })
     }
 
-    /// Connects to the first host that accepts, each within its deadline, and checks that the
-    /// lease functions there are the extension's.
-    fn connect(&self) -> Result<Connection, String> {
+    /// Connects to the first host that accepts and whose lease functions are the extension's,
+    /// each within its own deadline.
+    fn connect(&self, budget: Option<Instant>) -> Result<Connection, String> {
         let mut errors = vec![];
         for params in &self.hosts {
-            let deadline = Instant::now() + self.connect_timeout;
-            match Connection::open(params, deadline, &mut sigterm_arrived) {
-                Ok(mut connection) => {
-                    let ready =
-                        connection.query(lease::READY_SQL, &[], deadline, &mut sigterm_arrived);
-                    return match ready.map_err(message)?.first() {
-                        Some(row) if row.first() == Some(&Some("t".into())) => Ok(connection),
-                        _ => Err(lease::not_installed("the registry's database")),
-                    };
+            let deadline = within(self.connect_timeout, budget);
+            let ready = Connection::open(params, deadline, &mut sigterm_arrived).and_then(
+                |mut connection| {
+                    let deadline = within(STATEMENT_LIMIT, budget);
+                    let rows =
+                        connection.query(lease::READY_SQL, &[], deadline, &mut sigterm_arrived)?;
+                    Ok((rows, connection))
+                },
+            );
+            match ready {
+                Ok((rows, connection)) if rows == [[Some("t".to_string())]] => {
+                    return Ok(connection)
                 }
+                Ok(_) => errors.push(lease::not_installed("the registry's database")),
                 Err(Failure::TimedOut) => errors.push(format!(
-                    "connection to server at \"{}\", port {} failed: no answer within {} s",
+                    "connection to server at \"{}\", port {} failed: no answer in time",
                     lookup(params, "host")
                         .or(lookup(params, "hostaddr"))
                         .unwrap_or("localhost"),
                     lookup(params, "port").unwrap_or("5432"),
-                    self.connect_timeout.as_secs()
                 )),
-                Err(Failure::Stopped) => return Err(message(Failure::Stopped)),
+                Err(Failure::Stopped) => return Err(STOPPED.into()),
                 Err(Failure::Error(error)) => errors.push(error),
             }
         }
         Err(errors.join("; "))
     }
+}
+
+/// How long a statement on the registry may take, its round trip included.
+const STATEMENT_LIMIT: Duration =
+    conninfo::STATEMENT_TIMEOUT.saturating_add(Duration::from_secs(1));
+
+/// How long the release at a shutdown may take in all.
+const RELEASE_BUDGET: Duration = Duration::from_secs(1);
+
+const STOPPED: &str = "interrupted by the server's shutdown";
+
+/// The deadline `limit` from now, or `budget` if that comes first.
+fn within(limit: Duration, budget: Option<Instant>) -> Instant {
+    let deadline = Instant::now() + limit;
+    budget.map_or(deadline, |budget| deadline.min(budget))
 }
 
 impl Param {
@@ -110,14 +136,6 @@ impl Param {
             Param::Text(value) => value.clone(),
             Param::Bool(value) => value.to_string(),
         }
-    }
-}
-
-fn message(failure: Failure) -> String {
-    match failure {
-        Failure::Stopped => "interrupted by the server's shutdown".into(),
-        Failure::TimedOut => "no answer in time".into(),
-        Failure::Error(error) => error,
     }
 }
 

@@ -484,6 +484,24 @@ impl Cluster {
     }
 
     /// Kills the postmaster with SIGKILL, then what is left of its processes, as a crash would.
+    /// The process ids of the postmaster and every process it started.
+    pub fn processes(&self) -> Vec<String> {
+        let pid_file = fs::read_to_string(Path::new(&self.data()).join("postmaster.pid")).unwrap();
+        let postmaster = pid_file.lines().next().unwrap().trim().to_string();
+        let children = Command::new("pgrep")
+            .args(["-P", &postmaster])
+            .output()
+            .unwrap();
+        let mut all = vec![postmaster];
+        all.extend(
+            String::from_utf8(children.stdout)
+                .unwrap()
+                .split_whitespace()
+                .map(str::to_string),
+        );
+        all
+    }
+
     pub fn kill_postmaster(&self) {
         let pid_file = fs::read_to_string(Path::new(&self.data()).join("postmaster.pid")).unwrap();
         let pid = pid_file.lines().next().unwrap().trim().to_string();

@@ -11,7 +11,7 @@
 //! - Least privilege: ordinary roles granted only USAGE on the schema snowid and EXECUTE on its
 //!   functions claim, renew and release their own leases; they cannot write the lease table, nor
 //!   release or claim a live lease another role holds; a role without the grants cannot claim.
-//! - Failover: three nodes issue all the time while the registry's primary crashes and its
+//! - Failover: three nodes issue all the time while the registry's primary stops (immediate) and its
 //!   synchronous standby is promoted; none refuses, every id is unique, and the new primary has
 //!   every lease with its high-water mark; a fourth node configured with a held worker id is
 //!   refused.
@@ -19,7 +19,8 @@
 //!   until the commit returns, even where the registry's own default would not wait.
 //! - Responsiveness: a registry address that accepts connections and never answers delays no fast
 //!   shutdown, and as the first of two hosts is given up after its connect_timeout; with no host
-//!   answering, each one's failure is named.
+//!   answering, each one's failure is named; a registry that stops answering delays a holder's
+//!   fast shutdown, which tries to release the lease, by at most a second.
 
 use postgres::Client;
 use snowid_cluster_tests::{
@@ -382,6 +383,20 @@ fn the_registry_password_shows_in_no_status_log_or_setting_from_a_password_file(
         &format!("{base} passfile={}", wrong.display()),
         &logging,
     );
+    // libpq cannot parse this one, and its own message would quote the password.
+    let unparsable = Node::start(
+        "unparsable",
+        Some(4),
+        &format!("{base} password='{PASSWORD}"),
+        &logging,
+    );
+    assert_eq!(
+        wait_for_error(&unparsable, "not a valid"),
+        (
+            "starting".to_string(),
+            "snowid.registry is not a valid libpq connection string".to_string()
+        )
+    );
     assert_holds(&in_file, 1);
     assert_holds(&in_setting, 2);
     let clause = "password authentication failed for user \"node1\"";
@@ -399,7 +414,7 @@ fn the_registry_password_shows_in_no_status_log_or_setting_from_a_password_file(
         "the registry logged the lease workers' connections"
     );
 
-    for node in [&in_file, &in_setting, &wrong_file] {
+    for node in [&in_file, &in_setting, &wrong_file, &unparsable] {
         let shown: String = node
             .cluster
             .connect()
@@ -469,30 +484,7 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
     );
 
     // node1's server renews its lease every second.
-    let mut renewals: Vec<i64> = vec![];
-    wait_for(
-        "two renewals of worker id 1",
-        Duration::from_secs(6),
-        || {
-            let row = admin
-                .query_one(
-                    "SELECT (extract(epoch FROM renewed_at) * 1000)::int8, holder \
-                 FROM snowid.worker_lease WHERE worker_id = 1",
-                    &[],
-                )
-                .unwrap();
-            assert_eq!(row.get::<_, Option<String>>(1), one_holder);
-            let renewed: i64 = row.get(0);
-            if renewals.last() != Some(&renewed) {
-                renewals.push(renewed);
-            }
-            renewals.len() >= 3
-        },
-    );
-    assert!(
-        renewals.windows(2).all(|pair| pair[0] < pair[1]),
-        "{renewals:?}"
-    );
+    await_two_renewals(&mut admin, 1, &one_holder);
 
     // As node1: no direct writes, reading is fine, and node2's live lease is not node1's to
     // release or claim.
@@ -530,6 +522,23 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
         )),
         lease_denied
     );
+    // Missing arguments are no way around it: the lease functions answer NULL to NULL.
+    let granted: Option<bool> = node1
+        .query_one(
+            "SELECT granted FROM snowid.lease_claim(2, NULL, 'x', 'x', 3000, 0, true, 1)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(granted, None);
+    let released: Option<bool> = node1
+        .query_one(
+            "SELECT snowid.lease_release(2, $1, NULL, 0, 1)",
+            &[&two_holder],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(released, None);
     let after = lease_row(&mut admin, 2);
     assert_eq!(
         (&after.0, &after.1, &after.3),
@@ -541,6 +550,64 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
         "node2's high-water mark is not lowered"
     );
     assert_holds(&two, 2);
+
+    // Refused claims and releases lock nothing, and new picks take a lock of their own: node1
+    // leaving their transactions open holds up none of node2's renewals.
+    let mut open_claim = registry.connect_as("node1");
+    open_claim.batch_execute("BEGIN").unwrap();
+    let granted: Option<bool> = open_claim
+        .query_one(
+            "SELECT granted FROM snowid.lease_claim(2, 'forged', 'x', 'x', 3000, 0, true, 1)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(granted, Some(false));
+    let mut open_pick = registry.connect_as("node1");
+    open_pick.batch_execute("BEGIN").unwrap();
+    let picked: Option<i32> = open_pick
+        .query_one(
+            "SELECT worker_id FROM snowid.lease_claim_any('picker', 'x', 'x', 3000, 0, 1)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(picked, Some(0));
+    let mut open_release = registry.connect_as("node1");
+    open_release.batch_execute("BEGIN").unwrap();
+    assert_eq!(
+        denial(open_release.query_one(
+            "SELECT snowid.lease_release(2, $1, $2, 0, 1)",
+            &[&two_holder, &two_incarnation],
+        )),
+        lease_denied
+    );
+    await_two_renewals(&mut admin, 2, &two_row.0);
+    drop((open_claim, open_pick, open_release));
+
+    // A live lease from before 0.3.0, which recorded no role, answers to superusers only.
+    admin
+        .batch_execute(
+            "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, expires_at, high_water_ms)
+             VALUES (7, 'old', 'run', now() + interval '1 hour', 1000)",
+        )
+        .unwrap();
+    let unrecorded =
+        "42501: permission denied for the lease on worker id 7: it is held by a role snowid 0.2.0 did not record";
+    assert_eq!(
+        denial(node1.query_one("SELECT snowid.lease_release(7, 'old', 'run', 0, 1)", &[])),
+        unrecorded
+    );
+    assert_eq!(
+        denial(node1.query_one(
+            "SELECT * FROM snowid.lease_claim(7, 'old', 'x', 'x', 3000, 0, true, 1)",
+            &[],
+        )),
+        unrecorded
+    );
+    admin
+        .batch_execute("DELETE FROM snowid.worker_lease WHERE worker_id = 7")
+        .unwrap();
 
     // A role without the grants cannot claim at all, and may read.
     let mut nobody = registry.connect_as("nobody");
@@ -563,6 +630,54 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
     assert_eq!(
         (holder, incarnation, holder_role.as_deref(), released_by),
         (None, None, Some("node1"), one_holder)
+    );
+
+    // Another role may take the free worker id, but releasing it never lowers the mark below the
+    // one it took the row at: every id issued under it before stays below the next holder's.
+    let mark = lease_row(&mut admin, 1).4;
+    let mut node2 = registry.connect_as("node2");
+    let floor: Option<i64> = node2
+        .query_one(
+            "SELECT floor_ms FROM snowid.lease_claim(1, 'taker', 'run', 'taker', 3000, 0, true, 1)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(floor, Some(mark));
+    let released: Option<bool> = node2
+        .query_one("SELECT snowid.lease_release(1, 'taker', 'run', 0, 1)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(released, Some(true));
+    assert_eq!(lease_row(&mut admin, 1).4, mark);
+}
+
+/// Waits up to 6 s for two renewals of `worker_id`'s lease by `holder` (a lease of 3 s is renewed
+/// every second), asserting that the row keeps its holder and that its renewed_at only grows.
+fn await_two_renewals(admin: &mut Client, worker_id: i32, holder: &Option<String>) {
+    let mut renewals: Vec<i64> = vec![];
+    wait_for(
+        &format!("two renewals of worker id {worker_id}"),
+        Duration::from_secs(6),
+        || {
+            let row = admin
+                .query_one(
+                    "SELECT (extract(epoch FROM renewed_at) * 1000)::int8, holder \
+                     FROM snowid.worker_lease WHERE worker_id = $1",
+                    &[&worker_id],
+                )
+                .unwrap();
+            assert_eq!(&row.get::<_, Option<String>>(1), holder);
+            let renewed: i64 = row.get(0);
+            if renewals.last() != Some(&renewed) {
+                renewals.push(renewed);
+            }
+            renewals.len() >= 3
+        },
+    );
+    assert!(
+        renewals.windows(2).all(|pair| pair[0] < pair[1]),
+        "{renewals:?}"
     );
 }
 
@@ -590,10 +705,11 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
         ],
     );
     let standby = primary.standby_of("failover-standby");
-    // The primary waits for its standby at every commit; the standby, once promoted, for nobody.
+    // The primary waits for its standby, named by its walreceiver's default application_name, at
+    // every commit; the standby, once promoted, for nobody.
     let mut client = primary.connect();
     client
-        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'walreceiver'")
         .unwrap();
     client.batch_execute("SELECT pg_reload_conf()").unwrap();
     wait_for("a synchronous standby", Duration::from_secs(10), || {
@@ -657,10 +773,10 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
             .collect();
         let killed_at = unix_ms_now();
         let killed = Instant::now();
-        primary.kill_postmaster();
+        primary.stop("immediate");
         standby.promote();
         println!(
-            "the standby was promoted {:?} after the primary was killed",
+            "the standby was promoted {:?} after the primary was stopped",
             killed.elapsed()
         );
         // The first renewal against the new primary shows as a lease end one time-to-live after it.
@@ -692,7 +808,7 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
 
     for ((node, (ids, refusals)), measured) in nodes.iter().zip(&results).zip(&kill_to_renewal) {
         println!(
-            "{}: {} ids, {} refusals, first renewal against the new primary {measured:?} ms after the kill",
+            "{}: {} ids, {} refusals, first renewal against the new primary {measured:?} ms after the stop",
             node.name,
             ids.len(),
             refusals.len()
@@ -757,6 +873,43 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
         .unwrap()
         .get(0);
     assert_eq!(holder, Some(nodes[1].holder_name()));
+}
+
+#[test]
+fn a_registry_that_stops_answering_delays_a_holders_fast_shutdown_by_at_most_a_second() {
+    let _machine = alone();
+    let registry = registry("frozen-registry", &[]);
+    let node = Node::start(
+        "frozen",
+        Some(1),
+        &format!(
+            "host=127.0.0.1 port={} dbname=postgres user=postgres connect_timeout=30",
+            registry.port
+        ),
+        &[],
+    );
+    assert_holds(&node, 1);
+    // Every process of the registry stops where it is: connections stay open, nothing answers.
+    let processes = registry.processes();
+    signal(&processes, "-STOP");
+    let stopping = Instant::now();
+    node.cluster.stop("fast");
+    let took = stopping.elapsed();
+    signal(&processes, "-CONT");
+    println!("a fast shutdown took {took:?} while the registry was stopped");
+    assert!(
+        took < Duration::from_secs(2),
+        "a fast shutdown took {took:?}"
+    );
+}
+
+fn signal(processes: &[String], signal: &str) {
+    let status = Command::new("kill")
+        .arg(signal)
+        .args(processes)
+        .status()
+        .unwrap();
+    assert!(status.success());
 }
 
 #[test]
@@ -850,7 +1003,7 @@ fn a_silent_first_registry_host_is_given_up_after_its_connect_timeout() {
         &[],
     );
     let expected = format!(
-        "connection to server at \"127.0.0.1\", port {silent_port} failed: no answer within 2 s; \
+        "connection to server at \"127.0.0.1\", port {silent_port} failed: no answer in time; \
          connection to server at \"127.0.0.1\", port {refusing_port} failed: Connection refused Is \
          the server running on that host and accepting TCP/IP connections?"
     );
@@ -874,7 +1027,12 @@ fn a_node_acts_on_no_claim_before_the_registrys_synchronous_standby_has_it() {
         ],
     );
     let mut client = registry.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    // Nor can the database's settings keep the warning of a cancelled wait from the worker.
+    client
+        .batch_execute(
+            "CREATE EXTENSION snowid; ALTER DATABASE postgres SET client_min_messages = error",
+        )
+        .unwrap();
     let node = Node::start(
         "unconfirmed",
         Some(4),
@@ -884,17 +1042,46 @@ fn a_node_acts_on_no_claim_before_the_registrys_synchronous_standby_has_it() {
         ),
         &["snowid.lease_ttl = 3"],
     );
-    let (state, error) = wait_for_error(&node, "did not answer");
-    assert_eq!(
-        (state.as_str(), error.as_str()),
-        ("starting", "the registry did not answer within 3 s")
+    // The first claim waits for the standby; cancelling that wait while the worker still awaits the
+    // answer leaves a commit that only the primary has, and a warning: the worker does not act on it.
+    let waiting_claim = "FROM pg_stat_activity \
+         WHERE application_name = 'snowid lease worker' AND wait_event = 'SyncRep'";
+    wait_for(
+        "a claim waiting for the standby",
+        Duration::from_secs(10),
+        || {
+            client
+                .query_one(&format!("SELECT count(*) = 1 {waiting_claim}"), &[])
+                .unwrap()
+                .get(0)
+        },
     );
-    let waiting: i64 = client
+    let cancelled: bool = client
         .query_one(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE application_name = 'snowid lease worker' AND wait_event = 'SyncRep'",
+            &format!("SELECT pg_cancel_backend(pid) {waiting_claim}"),
             &[],
         )
+        .unwrap()
+        .get(0);
+    assert!(cancelled);
+    assert_eq!(
+        wait_for_error(&node, "warned"),
+        (
+            "starting".to_string(),
+            "the registry warned: canceling wait for synchronous replication due to user request"
+                .to_string()
+        )
+    );
+    // The next claim waits as long as the worker lets it, and is not acted on either.
+    assert_eq!(
+        wait_for_error(&node, "did not answer"),
+        (
+            "starting".to_string(),
+            "the registry did not answer in time".to_string()
+        )
+    );
+    let waiting: i64 = client
+        .query_one(&format!("SELECT count(*) {waiting_claim}"), &[])
         .unwrap()
         .get(0);
     assert_eq!(waiting, 1);
