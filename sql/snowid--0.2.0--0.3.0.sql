@@ -105,7 +105,10 @@ BEGIN
     END LOOP;
     granted := true;
     floor_ms := lease.high_water_ms;
-    continued := lease.holder IS NOT DISTINCT FROM p_holder;
+    -- Another role naming the holder (the row is readable) takes the row over, and cannot release
+    -- it below the mark as it stands.
+    continued := coalesce(lease.holder = p_holder
+                          AND (trusted OR lease.holder_role = session_user), false);
     renewal := continued AND lease.incarnation IS NOT DISTINCT FROM p_incarnation;
     UPDATE snowid.worker_lease l
        SET holder = p_holder, incarnation = p_incarnation, holder_name = p_holder_name,
@@ -114,7 +117,8 @@ BEGIN
            expires_at = claimed_at + p_ttl_ms * interval '1 millisecond',
            high_water_ms = greatest(l.high_water_ms, p_reserve_until_ms),
            released_by = NULL, released_timeline = NULL, holder_role = session_user,
-           acquired_mark_ms = CASE WHEN continued THEN l.acquired_mark_ms ELSE l.high_water_ms END
+           acquired_mark_ms = CASE WHEN continued THEN coalesce(l.acquired_mark_ms, l.high_water_ms)
+                                   ELSE l.high_water_ms END
      WHERE l.worker_id = p_worker_id
     RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint,
               (extract(epoch FROM l.acquired_at) * 1000000)::bigint
@@ -125,7 +129,7 @@ $$;
 -- Acquires a lease on any worker id, for servers of a shared registry that do not name one: the
 -- one this server holds already, else the lowest one free or expired, else the lowest never used.
 -- Servers picking a new one take turns, on a lock of the table that renewals never wait for and
--- that only roles allowed to change the table can take.
+-- that only the roles allowed to claim can take.
 CREATE FUNCTION snowid.lease_claim_any(
     p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
     p_timeline bigint,
@@ -180,7 +184,8 @@ DECLARE
 BEGIN
     UPDATE snowid.worker_lease l
        SET holder = NULL, incarnation = NULL, expires_at = NULL,
-           high_water_ms = greatest(l.acquired_mark_ms, least(l.high_water_ms, p_high_water_ms)),
+           high_water_ms = greatest(coalesce(l.acquired_mark_ms, l.high_water_ms),
+                                    least(l.high_water_ms, p_high_water_ms)),
            released_by = p_holder, released_timeline = p_timeline
      WHERE l.worker_id = p_worker_id AND l.holder = p_holder AND l.incarnation = p_incarnation
        AND (trusted OR l.holder_role = session_user);

@@ -650,6 +650,30 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
         .get(0);
     assert_eq!(released, Some(true));
     assert_eq!(lease_row(&mut admin, 1).4, mark);
+
+    // Nor does naming the holder of an expired lease of another role, its row being readable,
+    // make the row the taker's to release below its mark: naming it takes the row over.
+    admin
+        .batch_execute(
+            "INSERT INTO snowid.worker_lease
+                 (worker_id, holder, incarnation, expires_at, high_water_ms, holder_role, acquired_mark_ms)
+             VALUES (8, 'gone', 'run', now() - interval '1 second', 5000, 'node1', 1000)",
+        )
+        .unwrap();
+    let (floor, continued): (Option<i64>, Option<bool>) = node2
+        .query_one(
+            "SELECT floor_ms, continued FROM snowid.lease_claim(8, 'gone', 'run', 'x', 3000, 0, true, 1)",
+            &[],
+        )
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!((floor, continued), (Some(5000), Some(false)));
+    let released: Option<bool> = node2
+        .query_one("SELECT snowid.lease_release(8, 'gone', 'run', 0, 1)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(released, Some(true));
+    assert_eq!(lease_row(&mut admin, 8).4, 5000);
 }
 
 /// Waits up to 6 s for two renewals of `worker_id`'s lease by `holder` (a lease of 3 s is renewed
