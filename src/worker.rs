@@ -420,7 +420,8 @@ pub fn sleep_unless_stopped(duration: Duration) -> bool {
 /// Set once SIGTERM came at a server shutdown; the worker then releases its lease and ends.
 static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
 
-/// Waits on the latch for up to `duration`; false once the server shuts down.
+/// Waits on the latch for up to `duration`; false once the server shuts down (or the postmaster
+/// died).
 fn wait(duration: Duration) -> bool {
     if !SHUTTING_DOWN.load(Ordering::Relaxed) && BackgroundWorker::wait_latch(Some(duration)) {
         return true;
@@ -429,8 +430,7 @@ fn wait(duration: Duration) -> bool {
     false
 }
 
-/// Whether a SIGTERM arrived since the last look (or the postmaster died), for waits on the latch
-/// elsewhere. A worker terminated alone ends here, for the postmaster to start a new one that
+/// Whether a SIGTERM arrived since the last look, for waits on the latch elsewhere. A worker terminated alone ends here, for the postmaster to start a new one that
 /// renews the same lease; at a server shutdown, this remembers it and returns true.
 pub fn sigterm_arrived() -> bool {
     BackgroundWorker::sigterm_received() && {

@@ -37,6 +37,9 @@ pub struct Cluster {
     dir: PathBuf,
     bindir: PathBuf,
     clock_offset_file: Option<PathBuf>,
+    /// Variables (NAME=value) in the server's environment, set by
+    /// [`Cluster::restart_with_environment`].
+    environment: Vec<String>,
 }
 
 impl Cluster {
@@ -159,6 +162,7 @@ impl Cluster {
             dir: snapshot.mount.join(relative),
             bindir: self.bindir.clone(),
             clock_offset_file: None,
+            environment: vec![],
         };
         fs::remove_file(Path::new(&copy.data()).join("postmaster.pid")).unwrap();
         copy.move_to_own_port();
@@ -360,6 +364,7 @@ impl Cluster {
             dir,
             bindir,
             clock_offset_file: None,
+            environment: vec![],
         }
     }
 
@@ -502,6 +507,16 @@ impl Cluster {
         all
     }
 
+    /// Restarts the server with `variables` (NAME=value) in its environment, and keeps them for
+    /// its later starts.
+    pub fn restart_with_environment(&mut self, variables: &[&str]) {
+        self.environment = variables
+            .iter()
+            .map(|variable| variable.to_string())
+            .collect();
+        self.pg_ctl("restart");
+    }
+
     pub fn kill_postmaster(&self) {
         let pid_file = fs::read_to_string(Path::new(&self.data()).join("postmaster.pid")).unwrap();
         let pid = pid_file.lines().next().unwrap().trim().to_string();
@@ -532,6 +547,7 @@ impl Cluster {
                 "FAKETIME_DONT_FAKE_MONOTONIC=1".to_string(),
             ];
         }
+        env.extend(self.environment.iter().cloned());
         let env: Vec<&str> = env.iter().map(String::as_str).collect();
         self.as_postgres(
             &["pg_ctl", "-w", "-D", &self.data(), "-l", &log, action],

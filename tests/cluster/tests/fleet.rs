@@ -5,6 +5,8 @@
 //!   verifies the registry's certificate against the test CA and its host name holds its lease over
 //!   TLS, while nodes that trust another CA, name the registry by an address the certificate does
 //!   not carry, or do not use TLS never hold theirs and say why in libpq's words.
+//! - A service file: a node names its registry by a service of a pg_service.conf, and its status
+//!   names only the service.
 //! - Secrets: the registry password, in a password file or in `snowid.registry` itself, shows in no
 //!   column of `snowid_status()` and in neither server's log, a failed authentication with a wrong
 //!   password file included; from a password file, not in `SHOW snowid.registry` either.
@@ -452,6 +454,41 @@ fn the_registry_password_shows_in_no_status_log_or_setting_from_a_password_file(
         .get(0);
     assert_eq!(shown, in_file_conninfo);
     assert!(!shown.contains(PASSWORD));
+}
+
+#[test]
+fn a_service_file_names_the_registry_and_the_status_names_only_the_service() {
+    let _machine = beside_others();
+    let registry = registry("service-registry", &["node1"]);
+    let passfile = password_file(&registry, "pgpass", "node1", PASSWORD);
+    let service_file = registry.dir().join("pg_service.conf");
+    fs::write(
+        &service_file,
+        format!(
+            "[snowid_registry]\nhost=127.0.0.1\nport={}\ndbname=postgres\nuser=node1\npassfile={}\n",
+            registry.port,
+            passfile.display()
+        ),
+    )
+    .unwrap();
+    give_to_postgres(&service_file, 0o600);
+    let mut node = Node::start("serviced", Some(5), "service=snowid_registry", &[]);
+    node.cluster
+        .restart_with_environment(&[&format!("PGSERVICEFILE={}", service_file.display())]);
+    assert_holds(&node, 5);
+    let shown: String = node
+        .cluster
+        .connect()
+        .query_one("SELECT registry FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, "service \"snowid_registry\"");
+    let (holder, _, holder_name, holder_role, _, _) = lease_row(&mut registry.connect(), 5);
+    assert!(holder.is_some());
+    assert_eq!(
+        (holder_name, holder_role.as_deref()),
+        (Some(node.holder_name()), Some("node1"))
+    );
 }
 
 #[test]
