@@ -156,9 +156,14 @@ pub fn abort_transaction() {
 /// Ends this process with exit status 1, which makes the postmaster start the lease worker again;
 /// status 0, a plain return, would unregister it.
 pub fn exit_for_restart() -> ! {
-    // SAFETY: proc_exit runs the process's exit callbacks and never returns; the lease worker calls
-    // it outside any transaction, holding no lock.
-    unsafe { pg_sys::proc_exit(1) }
+    // PostgreSQL 18's bindings no longer declare that proc_exit never returns.
+    #[allow(unreachable_code)]
+    {
+        // SAFETY: proc_exit runs the process's exit callbacks and never returns; the lease worker
+        // calls it outside any transaction, holding no lock.
+        unsafe { pg_sys::proc_exit(1) };
+        unreachable!("proc_exit returned")
+    }
 }
 
 /// The lease as the lease worker last recorded it. Only call when preloaded.

@@ -1,10 +1,11 @@
-//! Throwaway PostgreSQL 15 clusters for snowid's integration tests.
+//! Throwaway PostgreSQL clusters for snowid's integration tests.
 //!
 //! Each [`Cluster`] is a fresh `initdb` on a free loopback port, or a copy of another one (a base
-//! backup, a standby, a cold copy, a snapshot of its [`Volume`], a pg_upgrade), run as the `postgres` user when the tests run as root (PostgreSQL refuses to run
-//! as root), and is stopped and deleted when dropped, also when a test fails. The snowid extension
-//! must already be installed into the server that `PG_CONFIG` (default
-//! `/usr/lib/postgresql/15/bin/pg_config`) describes.
+//! backup, a standby, a cold copy, a snapshot of its [`Volume`], a pg_upgrade), run as the
+//! `postgres` user when the tests run as root (PostgreSQL refuses to run as root), and is stopped
+//! and deleted when dropped, also when a test fails. The servers are those of the PostgreSQL that
+//! `PG_CONFIG` (default `/usr/lib/postgresql/15/bin/pg_config`) describes, into which snowid must
+//! already be installed.
 
 use postgres::{Client, NoTls};
 use std::fs;
@@ -741,6 +742,15 @@ pub fn error_text(error: &postgres::Error) -> String {
         .map(|hint| format!(" HINT: {hint}"))
         .unwrap_or_default();
     format!("{}: {}{hint}", db.code().code(), db.message())
+}
+
+/// The server's version as a number (150020 for 15.20, 180006 for 18.6).
+pub fn server_version_num(client: &mut Client) -> i32 {
+    let text: String = client
+        .query_one("SHOW server_version_num", &[])
+        .unwrap()
+        .get(0);
+    text.parse().unwrap()
 }
 
 /// Checks `done` every 100 ms until it holds; fails the test after `limit`.

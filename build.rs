@@ -1,0 +1,45 @@
+//! Links snowid to the libpq of the PostgreSQL it is built for, and records where that libpq lives.
+//! A preloaded library's libpq is the one the whole server process then uses, its walreceiver's
+//! included, so it must be that server's own: PostgreSQL 18's walreceiver passes options that an
+//! older libpq rejects.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=PGRX_PG_CONFIG_PATH");
+    println!("cargo:rerun-if-env-changed=PGRX_HOME");
+    let Some(pg_config) = pg_config() else {
+        return;
+    };
+    let Ok(output) = Command::new(&pg_config).arg("--libdir").output() else {
+        return;
+    };
+    let libdir = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    if libdir.is_empty() {
+        return;
+    }
+    println!("cargo:rustc-link-search=native={libdir}");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,{libdir}");
+}
+
+/// The pg_config that pgrx builds for: the one cargo-pgrx names, or the one pgrx's configuration
+/// gives for the PostgreSQL feature enabled.
+fn pg_config() -> Option<PathBuf> {
+    if let Ok(path) = std::env::var("PGRX_PG_CONFIG_PATH") {
+        return Some(path.into());
+    }
+    let major = ["pg15", "pg18"].into_iter().find(|major| {
+        std::env::var_os(format!("CARGO_FEATURE_{}", major.to_uppercase())).is_some()
+    })?;
+    let home = std::env::var_os("PGRX_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".pgrx")))?;
+    let config = home.join("config.toml");
+    println!("cargo:rerun-if-changed={}", config.display());
+    let text = std::fs::read_to_string(config).ok()?;
+    text.lines().find_map(|line| {
+        let (key, value) = line.split_once('=')?;
+        (key.trim() == major).then(|| PathBuf::from(value.trim().trim_matches('"')))
+    })
+}
