@@ -1,15 +1,31 @@
 # Sourced by the other scripts: installs what building and testing snowid needs, when missing.
 # Idempotent and quick on re-run. Runs as root, or as a user who may sudo.
+# PG_MAJOR picks the PostgreSQL major: 15 (the default, Debian's) or 18 (built once from Debian's
+# source package, see postgresql-18.sh); PG_CONFIG follows from it.
 set -euo pipefail
 
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PGRX_VERSION=0.18.0
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MAJORS=(15 18)
 
 is_root() { [ "$(id -u)" = 0 ]; }
 as_root() { if is_root; then "$@"; else sudo "$@"; fi; }
 
-packages=(postgresql-15 postgresql-server-dev-15 libpq-dev openssl clang libclang-dev pkg-config libssl-dev faketime sudo)
+source "$REPO/scripts/postgresql-18.sh"
+
+PG_MAJOR=${PG_MAJOR:-15}
+case " ${MAJORS[*]} " in
+*" $PG_MAJOR "*) ;;
+*) echo "PG_MAJOR must be one of: ${MAJORS[*]}" >&2; exit 1 ;;
+esac
+
+pg_config_of() {
+    if [ "$1" = 18 ]; then echo "$PG18_PREFIX/bin/pg_config"; else echo "/usr/lib/postgresql/$1/bin/pg_config"; fi
+}
+
+# bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18.
+packages=(postgresql-15 postgresql-server-dev-15 libpq-dev openssl clang libclang-dev pkg-config libssl-dev
+    faketime sudo bison flex libicu-dev zlib1g-dev)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
@@ -29,9 +45,22 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
     echo "==> installing cargo-pgrx $PGRX_VERSION (a few minutes, once)"
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
-if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    cargo pgrx init --pg15 "$PG_CONFIG"
-fi
+
+# use_major MAJOR: PostgreSQL MAJOR ready (built, for 18) and known to pgrx; PG_CONFIG names it.
+use_major() {
+    if [ "$1" = 18 ]; then build_postgresql_18; fi
+    PG_CONFIG=$(pg_config_of "$1")
+    # pgrx's init rewrites its configuration whole, so it names every major present.
+    local major path args=() stale=false
+    for major in "${MAJORS[@]}"; do
+        path=$(pg_config_of "$major")
+        [ -x "$path" ] || continue
+        args+=("--pg$major" "$path")
+        grep -qs "^pg$major = \"$path\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml" || stale=true
+    done
+    if $stale; then cargo pgrx init "${args[@]}"; fi
+}
+use_major "$PG_MAJOR"
 
 # Builds snowid in release mode and installs it into the PostgreSQL that PG_CONFIG names.
 install_snowid() {

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# scripts/package.sh MAJOR: writes dist/postgresql-MAJOR-snowid_VERSION_amd64.deb, a Debian package
+# of snowid for PostgreSQL MAJOR (15 or 18) as Debian's own postgresql-MAJOR lays it out. Its files
+# are what `cargo pgrx package` builds, and every install and upgrade script in sql/.
+major=${1:?usage: scripts/package.sh MAJOR}
+PG_MAJOR=$major
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+cd "$REPO"
+
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+echo "==> building snowid $version for PostgreSQL $major (release)"
+cargo pgrx package --pg-config "$PG_CONFIG" >/dev/null
+built="target/release/snowid-pg$major"
+root="target/deb/postgresql-$major-snowid"
+rm -rf "$root"
+install -d "$root/DEBIAN" "$root/usr/lib/postgresql/$major/lib" "$root/usr/share/postgresql/$major/extension"
+cp -a "$built$("$PG_CONFIG" --pkglibdir)/." "$root/usr/lib/postgresql/$major/lib/"
+cp -a "$built$("$PG_CONFIG" --sharedir)/extension/." "$root/usr/share/postgresql/$major/extension/"
+install -m 644 sql/snowid--*.sql "$root/usr/share/postgresql/$major/extension/"
+cat >"$root/DEBIAN/control" <<CONTROL
+Package: postgresql-$major-snowid
+Version: $version
+Architecture: amd64
+Maintainer: snowid developers <snowid@localhost>
+Depends: postgresql-$major, libpq5, libc6
+Section: database
+Priority: optional
+Description: unique, roughly time-ordered 64-bit ids made inside PostgreSQL $major
+ snowid makes bigint ids (41 bits of milliseconds, 10 bits of worker id, 12 bits of sequence)
+ with snowid_next(), leasing each server's worker id so that no two servers share one.
+CONTROL
+mkdir -p dist
+deb="dist/postgresql-$major-snowid_${version}_amd64.deb"
+dpkg-deb --build --root-owner-group "$root" "$deb" >/dev/null
+echo "==> $deb"
