@@ -9,8 +9,9 @@
 3. The latency of one snowid_next() while 4 sessions make ids at once: p50, p99 and max.
 4. Scale-out: ids per second of 1, 2 and 3 servers with distinct worker ids, one session each.
 
-Every figure is the median of --runs runs; the spread is the lowest and highest run. Results go to
-benches/results/results.md and benches/results/chart.png.
+On PostgreSQL 18 and later, the native uuidv7() is measured beside them. Every figure is the median
+of --runs runs; the spread is the lowest and highest run. Results go to
+benches/results/pgMAJOR/results.md and benches/results/pgMAJOR/chart.png.
 """
 
 import argparse
@@ -231,6 +232,10 @@ if len(ports) < 1:
 for port in ports:
     psql(SETUP_SQL, port)
 server_version = psql("SHOW server_version")[0].split(" ")[0]
+major = int(psql("SHOW server_version_num")[0]) // 10000
+if major >= 18:
+    # The strongest peer: PostgreSQL 18's own UUID v7, in C.
+    SCHEMES["uuidv7() (native, PostgreSQL 18)"] = ("uuidv7()", "uuid")
 
 print("ids per second...", file=sys.stderr)
 rates = throughput()
@@ -268,8 +273,9 @@ lines += ["", f"This machine has {os.cpu_count()} cores: each session keeps one 
           f"{os.cpu_count()} servers the sessions share the cores and the aggregate cannot grow. "
           "On a fleet every server has its own cores and its own cap of 4,096,000 ids/s."]
 
-os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-with open(os.path.join(HERE, "results", "results.md"), "w") as results_file:
+results_dir = os.path.join(HERE, "results", f"pg{major}")
+os.makedirs(results_dir, exist_ok=True)
+with open(os.path.join(results_dir, "results.md"), "w") as results_file:
     results_file.write("\n".join(lines) + "\n")
-chart(rates, loads, os.path.join(HERE, "results", "chart.png"))
+chart(rates, loads, os.path.join(results_dir, "chart.png"))
 print("\n".join(lines))

@@ -96,14 +96,17 @@ fn every_psql_example_in_the_readme_is_in_an_expected_output() {
 }
 
 #[test]
-fn the_readme_shows_the_committed_benchmark_results() {
+fn the_readme_shows_the_committed_benchmark_results_of_both_majors() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let readme = fs::read_to_string(root.join("README.md")).unwrap();
-    let results = fs::read_to_string(root.join("benches/results/results.md")).unwrap();
-    assert!(
-        readme.contains(results.trim()),
-        "README.md does not show benches/results/results.md as it is"
-    );
-    assert!(readme.contains("](benches/results/chart.png)"));
-    assert!(root.join("benches/results/chart.png").is_file());
+    for major in ["pg15", "pg18"] {
+        let dir = format!("benches/results/{major}");
+        let results = fs::read_to_string(root.join(&dir).join("results.md")).unwrap();
+        assert!(
+            readme.contains(results.trim()),
+            "README.md does not show {dir}/results.md as it is"
+        );
+        assert!(readme.contains(&format!("]({dir}/chart.png)")));
+        assert!(root.join(&dir).join("chart.png").is_file());
+    }
 }
