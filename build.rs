@@ -9,18 +9,19 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-env-changed=PGRX_PG_CONFIG_PATH");
     println!("cargo:rerun-if-env-changed=PGRX_HOME");
-    let Some(pg_config) = pg_config() else {
-        return;
-    };
-    let Ok(output) = Command::new(&pg_config).arg("--libdir").output() else {
-        return;
-    };
+    println!("cargo:rerun-if-env-changed=SNOWID_NO_RUNPATH");
+    let pg_config =
+        pg_config().expect("pgrx's configuration names the pg_config of the major built for");
+    let output = Command::new(&pg_config)
+        .arg("--libdir")
+        .output()
+        .unwrap_or_else(|error| panic!("{} --libdir: {error}", pg_config.display()));
     let libdir = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    if libdir.is_empty() {
-        return;
-    }
     println!("cargo:rustc-link-search=native={libdir}");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,{libdir}");
+    // A package leaves it out: there, the system's own libpq belongs to its PostgreSQL.
+    if std::env::var_os("SNOWID_NO_RUNPATH").is_none() {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,{libdir}");
+    }
 }
 
 /// The pg_config that pgrx builds for: the one cargo-pgrx names, or the one pgrx's configuration

@@ -28,4 +28,4 @@ SELECT o.id, o.item, d.* FROM orders o, snowid_decode(o.id) d ORDER BY o.id;
 SELECT worker_id, last_id, ids_issued, lease_state, lease_holder, registry FROM snowid_status();
 SQL
 echo "==> the cluster keeps running: psql -h 127.0.0.1 -p $port -U postgres"
-echo "    stop it with: $0 stop"
+echo "    stop it with: PG_MAJOR=$PG_MAJOR $0 stop"

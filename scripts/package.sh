@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # scripts/package.sh MAJOR: writes dist/postgresql-MAJOR-snowid_VERSION_amd64.deb, a Debian package
 # of snowid for PostgreSQL MAJOR (15 or 18) as Debian's own postgresql-MAJOR lays it out. Its files
-# are what `cargo pgrx package` builds, and every install and upgrade script in sql/.
+# are what `cargo pgrx package` builds, and every install and upgrade script in sql/. Prints the
+# package's path last.
 major=${1:?usage: scripts/package.sh MAJOR}
 PG_MAJOR=$major
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$REPO"
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
-echo "==> building snowid $version for PostgreSQL $major (release)"
-cargo pgrx package --pg-config "$PG_CONFIG" >/dev/null
-built="target/release/snowid-pg$major"
+echo "==> building snowid $version for PostgreSQL $major (release)" >&2
+built=$(mktemp -d)
+trap 'rm -rf "$built"' EXIT
+# No runpath: the package's library finds the libpq of the system it is installed on.
+SNOWID_NO_RUNPATH=1 cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$built" >/dev/null
 root="target/deb/postgresql-$major-snowid"
 rm -rf "$root"
 install -d "$root/DEBIAN" "$root/usr/lib/postgresql/$major/lib" "$root/usr/share/postgresql/$major/extension"
@@ -20,9 +23,9 @@ install -m 644 sql/snowid--*.sql "$root/usr/share/postgresql/$major/extension/"
 cat >"$root/DEBIAN/control" <<CONTROL
 Package: postgresql-$major-snowid
 Version: $version
-Architecture: amd64
+Architecture: $(dpkg --print-architecture)
 Maintainer: snowid developers <snowid@localhost>
-Depends: postgresql-$major, libpq5, libc6
+Depends: postgresql-$major, libpq5, libgcc-s1, libc6
 Section: database
 Priority: optional
 Description: unique, roughly time-ordered 64-bit ids made inside PostgreSQL $major
@@ -30,6 +33,6 @@ Description: unique, roughly time-ordered 64-bit ids made inside PostgreSQL $maj
  with snowid_next(), leasing each server's worker id so that no two servers share one.
 CONTROL
 mkdir -p dist
-deb="dist/postgresql-$major-snowid_${version}_amd64.deb"
+deb="dist/postgresql-$major-snowid_${version}_$(dpkg --print-architecture).deb"
 dpkg-deb --build --root-owner-group "$root" "$deb" >/dev/null
-echo "==> $deb"
+echo "$deb"

@@ -23,9 +23,9 @@ pg_config_of() {
     if [ "$1" = 18 ]; then echo "$PG18_PREFIX/bin/pg_config"; else echo "/usr/lib/postgresql/$1/bin/pg_config"; fi
 }
 
-# bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18.
+# make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18.
 packages=(postgresql-15 postgresql-server-dev-15 libpq-dev openssl clang libclang-dev pkg-config libssl-dev
-    faketime sudo bison flex libicu-dev zlib1g-dev)
+    faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
@@ -46,19 +46,25 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
+# The scripts keep a pgrx configuration of their own, naming exactly the majors present here.
+export PGRX_HOME=${SNOWID_PGRX_HOME:-$REPO/target/pgrx}
+
 # use_major MAJOR: PostgreSQL MAJOR ready (built, for 18) and known to pgrx; PG_CONFIG names it.
 use_major() {
     if [ "$1" = 18 ]; then build_postgresql_18; fi
     PG_CONFIG=$(pg_config_of "$1")
-    # pgrx's init rewrites its configuration whole, so it names every major present.
-    local major path args=() stale=false
+    local major path args=() wanted=()
     for major in "${MAJORS[@]}"; do
         path=$(pg_config_of "$major")
         [ -x "$path" ] || continue
         args+=("--pg$major" "$path")
-        grep -qs "^pg$major = \"$path\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml" || stale=true
+        wanted+=("pg$major = \"$path\"")
     done
-    if $stale; then cargo pgrx init "${args[@]}"; fi
+    local config="$PGRX_HOME/config.toml"
+    if [ "$(grep -s '^pg[0-9]* = ' "$config" | sort)" != "$(printf '%s\n' "${wanted[@]}" | sort)" ]; then
+        rm -f "$config"
+        cargo pgrx init "${args[@]}"
+    fi
 }
 use_major "$PG_MAJOR"
 
