@@ -195,13 +195,7 @@ impl Cluster {
     /// target), as a point-in-time restore does.
     pub fn start_recovering(&self, settings: &[&str]) {
         let data = Path::new(&self.data()).to_path_buf();
-        let conf = data.join("postgresql.auto.conf");
-        let mut text = fs::read_to_string(&conf).unwrap();
-        for setting in settings {
-            text.push_str(setting);
-            text.push('\n');
-        }
-        fs::write(&conf, text).unwrap();
+        self.add_settings(settings);
         fs::write(data.join("recovery.signal"), "").unwrap();
         chown_to_postgres(&data.join("recovery.signal"));
         self.pg_ctl("start");
@@ -369,6 +363,17 @@ impl Cluster {
         }
     }
 
+    /// Appends `settings` to the cluster's postgresql.auto.conf, for its next start.
+    fn add_settings(&self, settings: &[&str]) {
+        let conf = Path::new(&self.data()).join("postgresql.auto.conf");
+        let mut text = fs::read_to_string(&conf).unwrap();
+        for setting in settings {
+            text.push_str(setting);
+            text.push('\n');
+        }
+        fs::write(&conf, text).unwrap();
+    }
+
     fn data(&self) -> String {
         self.dir.join("data").display().to_string()
     }
@@ -384,13 +389,7 @@ impl Cluster {
     /// unless there are none, and restarts it.
     pub fn reconfigure(&self, settings: &[&str], hba_rules: &[&str]) {
         let data = Path::new(&self.data()).to_path_buf();
-        let conf = data.join("postgresql.auto.conf");
-        let mut text = fs::read_to_string(&conf).unwrap();
-        for setting in settings {
-            text.push_str(setting);
-            text.push('\n');
-        }
-        fs::write(&conf, text).unwrap();
+        self.add_settings(settings);
         if !hba_rules.is_empty() {
             let rules: String = hba_rules.iter().map(|rule| format!("{rule}\n")).collect();
             fs::write(data.join("pg_hba.conf"), rules).unwrap();

@@ -538,11 +538,7 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
             "{statement}"
         );
     }
-    let rows: i64 = node1
-        .query_one("SELECT count(*) FROM snowid.worker_lease", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(rows, 2);
+    assert_eq!(lease_rows(&mut node1), 2);
     let lease_denied =
         "42501: permission denied for the lease on worker id 2: it is held by role \"node2\"";
     assert_eq!(
@@ -655,11 +651,7 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
         )),
         "42501: permission denied for function lease_claim"
     );
-    let rows: i64 = nobody
-        .query_one("SELECT count(*) FROM snowid.worker_lease", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(rows, 2);
+    assert_eq!(lease_rows(&mut nobody), 2);
 
     // A clean shutdown releases the lease; the row still names the role that held it.
     one.cluster.stop("fast");
@@ -711,6 +703,14 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
         .get(0);
     assert_eq!(released, Some(true));
     assert_eq!(lease_row(&mut admin, 8).4, 5000);
+}
+
+/// How many rows of the lease table `client` reads.
+fn lease_rows(client: &mut Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM snowid.worker_lease", &[])
+        .unwrap()
+        .get(0)
 }
 
 /// Waits up to 6 s for two renewals of `worker_id`'s lease by `holder` (a lease of 3 s is renewed
