@@ -1,6 +1,7 @@
 //! Where the lease table lives, behind one interface: in `snowid.database` on this server, reached
 //! through SPI (`local`), or on the server that `snowid.registry` names, reached through libpq
-//! (`remote`). The worker's state machine calls `claim` and `release` and never sees which.
+//! (`remote`). The worker's state machine calls `claim` and `release`, and asks only whether the
+//! registry is its own server's (where nobody else's renewals can be seen).
 
 mod local;
 mod remote;

@@ -47,7 +47,7 @@ impl Remote {
     }
 
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
-    /// the registry's hosts do; a lease not released runs out by itself.
+    /// the registry's hosts do (name resolution aside); a lease not released runs out by itself.
     pub fn release(&mut self, params: &[Param]) -> Result<(), String> {
         let budget = Instant::now() + RELEASE_BUDGET;
         self.call(lease::RELEASE_SQL, params, Some(budget))
