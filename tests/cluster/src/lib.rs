@@ -49,6 +49,28 @@ impl Cluster {
         Cluster::create(&std::env::temp_dir(), name, settings, false)
     }
 
+    /// A running cluster that preloads snowid, named `name` (its `cluster_name`), with the snowid
+    /// settings `snowid` and then `settings`; with `fake_clock`, like
+    /// [`Cluster::start_with_fake_clock`].
+    pub fn start_preloading_snowid(
+        name: &str,
+        snowid: &[&str],
+        settings: &[&str],
+        fake_clock: bool,
+    ) -> Cluster {
+        let preload = "shared_preload_libraries = 'snowid'";
+        let cluster_name = format!("cluster_name = '{name}'");
+        let mut all = vec![preload];
+        all.extend(snowid);
+        all.push(&cluster_name);
+        all.extend(settings);
+        if fake_clock {
+            Cluster::start_with_fake_clock(name, &all)
+        } else {
+            Cluster::start(name, &all)
+        }
+    }
+
     /// Like [`Cluster::start`], with the cluster's directory on `volume`.
     pub fn start_on(volume: &Volume, name: &str, settings: &[&str]) -> Cluster {
         Cluster::create(&volume.mount, name, settings, false)
@@ -864,19 +886,13 @@ impl Node {
             Some(worker_id) => format!("snowid.worker_id = {worker_id}"),
             None => "snowid.any_worker_id = on".to_string(),
         };
-        let mut all = vec![
-            "shared_preload_libraries = 'snowid'".to_string(),
-            worker_setting,
-            format!("snowid.registry = '{}'", registry.replace('\'', "''")),
-            format!("cluster_name = '{name}'"),
-        ];
-        all.extend(settings.iter().map(|setting| setting.to_string()));
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        let cluster = if fake_clock {
-            Cluster::start_with_fake_clock(name, &all)
-        } else {
-            Cluster::start(name, &all)
-        };
+        let registry_setting = format!("snowid.registry = '{}'", registry.replace('\'', "''"));
+        let cluster = Cluster::start_preloading_snowid(
+            name,
+            &[&worker_setting, &registry_setting],
+            settings,
+            fake_clock,
+        );
         cluster
             .connect()
             .batch_execute("CREATE EXTENSION snowid")

@@ -30,18 +30,8 @@ fn server(name: &str, settings: &[&str]) -> (Cluster, Client) {
 }
 
 fn server_with_clock(name: &str, settings: &[&str], fake_clock: bool) -> (Cluster, Client) {
-    let mut all = vec![
-        "shared_preload_libraries = 'snowid'".to_string(),
-        format!("snowid.worker_id = {WORKER_ID}"),
-        format!("cluster_name = '{name}'"),
-    ];
-    all.extend(settings.iter().map(|setting| setting.to_string()));
-    let all: Vec<&str> = all.iter().map(String::as_str).collect();
-    let cluster = if fake_clock {
-        Cluster::start_with_fake_clock(name, &all)
-    } else {
-        Cluster::start(name, &all)
-    };
+    let worker_setting = format!("snowid.worker_id = {WORKER_ID}");
+    let cluster = Cluster::start_preloading_snowid(name, &[&worker_setting], settings, fake_clock);
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
     assert_eq!(cluster.wait_for_lease(&mut client), "held", "{name}");

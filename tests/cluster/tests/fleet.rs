@@ -586,8 +586,12 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
 
     // Refused claims and releases lock nothing, and new picks take a lock of their own: node1
     // leaving their transactions open holds up none of node2's renewals.
-    let mut open_claim = registry.connect_as("node1");
-    open_claim.batch_execute("BEGIN").unwrap();
+    let in_transaction = || {
+        let mut client = registry.connect_as("node1");
+        client.batch_execute("BEGIN").unwrap();
+        client
+    };
+    let mut open_claim = in_transaction();
     let granted: Option<bool> = open_claim
         .query_one(
             "SELECT granted FROM snowid.lease_claim(2, 'forged', 'x', 'x', 3000, 0, true, 1)",
@@ -596,8 +600,7 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
         .unwrap()
         .get(0);
     assert_eq!(granted, Some(false));
-    let mut open_pick = registry.connect_as("node1");
-    open_pick.batch_execute("BEGIN").unwrap();
+    let mut open_pick = in_transaction();
     let picked: Option<i32> = open_pick
         .query_one(
             "SELECT worker_id FROM snowid.lease_claim_any('picker', 'x', 'x', 3000, 0, 1)",
@@ -606,8 +609,7 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
         .unwrap()
         .get(0);
     assert_eq!(picked, Some(0));
-    let mut open_release = registry.connect_as("node1");
-    open_release.batch_execute("BEGIN").unwrap();
+    let mut open_release = in_transaction();
     assert_eq!(
         denial(open_release.query_one(
             "SELECT snowid.lease_release(2, $1, $2, 0, 1)",
