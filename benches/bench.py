@@ -61,12 +61,6 @@ BEGIN
     id := (now_ms - epoch_ms) << 23 | shard_id << 10 | nextval('bench_snowflake') % 1024;
 END
 $$;
-DO $$ BEGIN
-    FOR attempt IN 1..300 LOOP
-        EXIT WHEN (SELECT lease_state FROM snowid_status()) = 'held';
-        PERFORM pg_sleep(0.05);
-    END LOOP;
-END $$;
 """
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -231,6 +225,8 @@ if len(ports) < 1:
     sys.exit("--ports names no server")
 for port in ports:
     psql(SETUP_SQL, port)
+    if psql("SELECT snowid_wait_ready()", port)[0] != "t":
+        sys.exit(f"snowid on port {port} was not ready to issue within 30 s: see snowid_status()")
 server_version = psql("SHOW server_version")[0].split(" ")[0]
 major = int(psql("SHOW server_version_num")[0]) // 10000
 if major >= 18:

@@ -15,13 +15,8 @@ start_cluster "$dir" "$port" "shared_preload_libraries = 'snowid'" "snowid.worke
 
 "$("$PG_CONFIG" --bindir)/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres -e <<'SQL'
 CREATE EXTENSION snowid;
--- The lease worker takes worker id 17 within a second or so; ids are issued from then on.
-DO $$ BEGIN
-    FOR attempt IN 1..300 LOOP
-        EXIT WHEN (SELECT lease_state FROM snowid_status()) = 'held';
-        PERFORM pg_sleep(0.05);
-    END LOOP;
-END $$;
+-- True once the lease worker holds worker id 17, within a second or so; ids are issued from then on.
+SELECT snowid_wait_ready();
 CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
 INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp');
 SELECT o.id, o.item, d.* FROM orders o, snowid_decode(o.id) d ORDER BY o.id;

@@ -1,9 +1,10 @@
 //! The SQL functions: thin wrappers over `layout` and `generator`.
 
 use crate::errors::SnowidError;
-use crate::generator::{IssuingState, Refusal, StampRun, SystemClock};
+use crate::generator::{IssuingState, Refusal, StampRun, SystemClock, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
-use crate::{gucs, registry, shmem};
+use crate::{base32, gucs, registry, shmem};
+use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 /// The largest count `snowid_next_batch` accepts: one second of the layout's capacity.
@@ -80,6 +81,31 @@ fn snowid_next_batch(count: i32) -> SetOfIterator<'static, i64> {
     }))
 }
 
+/// True as soon as `snowid_next()` would issue, false once `timeout` has passed; issues nothing.
+#[pg_extern(volatile, parallel_safe)]
+fn snowid_wait_ready(timeout: default!(Interval, "'30 seconds'")) -> bool {
+    const FUNCTION: &str = "snowid_wait_ready";
+    let issuer = Issuer::get(FUNCTION);
+    let timeout = match u64::try_from(timeout.as_micros()) {
+        Ok(micros) => Duration::from_micros(micros),
+        Err(_) => SnowidError::NegativeTimeout(timeout.to_string()).raise(FUNCTION),
+    };
+    let started = Instant::now();
+    loop {
+        if issuer.state.would_issue(&SystemClock) {
+            return true;
+        }
+        let waited = started.elapsed();
+        if waited >= timeout {
+            return false;
+        }
+        shmem::LatchWaiter.sleep(READY_POLL.min(timeout - waited));
+    }
+}
+
+/// How often `snowid_wait_ready` looks at the generator.
+const READY_POLL: Duration = Duration::from_millis(10);
+
 fn decode(id: i64, function: &'static str) -> layout::Decoded {
     layout::decode(id).unwrap_or_else(|negative| SnowidError::NegativeId(negative).raise(function))
 }
@@ -117,6 +143,25 @@ fn snowid_from_timestamp(ts: TimestampWithTimeZone) -> i64 {
         .unwrap_or_else(|range| SnowidError::TimestampOutOfRange(range).raise(FUNCTION))
 }
 
+/// The id as 13 characters of Crockford's base32, which sort as the ids do.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn snowid_to_base32(id: i64) -> String {
+    decode(id, "snowid_to_base32");
+    base32::encode(id)
+}
+
+/// The id that `snowid_to_base32` wrote as `t`, read in either case and with Crockford's aliases.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn snowid_from_base32(t: &str) -> i64 {
+    base32::decode(t).unwrap_or_else(|reason| {
+        SnowidError::InvalidBase32 {
+            text: t.to_string(),
+            reason,
+        }
+        .raise("snowid_from_base32")
+    })
+}
+
 extension_sql!(
     r#"
 CREATE FUNCTION snowid_decode(id bigint, OUT created_at timestamptz, OUT worker_id integer, OUT sequence integer)
@@ -129,6 +174,12 @@ COMMENT ON FUNCTION snowid_decode(bigint) IS 'The time, worker id and sequence a
 );
 
 extension_sql_file!("lease.sql", name = "lease_registry");
+
+extension_sql_file!(
+    "convert.sql",
+    name = "convert_column",
+    requires = [snowid_next, snowid_from_timestamp]
+);
 
 /// This server's generator and its lease: the worker id, the last id issued, counters since the
 /// server started, and what the lease worker last heard from the registry.

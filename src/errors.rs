@@ -6,8 +6,10 @@
 //!   in the message is gone.
 //! - `25006` read_only_sql_transaction: the server is a standby (in recovery) and issues nothing
 //!   until promoted, as PostgreSQL answers `nextval()` there.
-//! - class 22, data exceptions: the input is wrong, and retrying the same call fails the same way.
+//! - class 22, data exceptions (`22P02` for text that is not an id's base32 form): the input is
+//!   wrong, and retrying the same call fails the same way.
 
+use crate::base32::{self, InvalidBase32};
 use crate::generator::{Clock, Refusal, Refused, SystemClock};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
 use crate::{gucs, lease, shmem};
@@ -24,6 +26,8 @@ pub enum SnowidError {
     InfiniteTimestamp,
     TimestampOutOfRange(TimestampOutOfRange),
     BatchCountOutOfRange { count: i32, max: u32 },
+    InvalidBase32 { text: String, reason: InvalidBase32 },
+    NegativeTimeout(String),
 }
 
 impl SnowidError {
@@ -143,6 +147,28 @@ impl SnowidError {
             SnowidError::BatchCountOutOfRange { count, max } => ErrorReport::new(
                 ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("snowid_next_batch count must be between 1 and {max}, not {count}"),
+                function,
+            ),
+            SnowidError::InvalidBase32 { text, reason } => {
+                let message = match reason {
+                    InvalidBase32::Length(length) => format!(
+                        "invalid snowid base32 text: it has {length} characters, not {}",
+                        base32::LENGTH
+                    ),
+                    InvalidBase32::Character { character, position } => format!(
+                        "invalid snowid base32 text \"{text}\": \"{character}\" at position {position} is not a base32 digit"
+                    ),
+                    InvalidBase32::OutOfRange => format!(
+                        "snowid base32 text \"{text}\" is out of range for type bigint: its first character must be 0 to 7"
+                    ),
+                };
+                ErrorReport::new(ERRCODE_INVALID_TEXT_REPRESENTATION, message, function).set_hint(
+                    "An id's base32 text is 13 of the digits 0-9 and the letters A-Z other than U, in either case; I and L read as 1, O as 0.",
+                )
+            }
+            SnowidError::NegativeTimeout(timeout) => ErrorReport::new(
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("snowid_wait_ready timeout must not be negative, not {timeout}"),
                 function,
             ),
         };

@@ -281,6 +281,19 @@ impl IssuingState {
         }
     }
 
+    /// Whether `issue` would claim a stamp now, without waiting for the clock: the clock reads a
+    /// time the layout holds, not behind the last stamp, and the gate is open for it.
+    pub fn would_issue(&self, clock: &impl Clock) -> bool {
+        let last = self.last_stamp.load(Ordering::Acquire);
+        let Ok(now) = clock_millis(clock) else {
+            return false;
+        };
+        let gate = self.gate.load(Ordering::SeqCst);
+        now >= layout::stamp_millis(last)
+            && now < gate >> WORKER_ID_BITS
+            && clock.monotonic_ns() < self.gate_deadline_ns.load(Ordering::SeqCst)
+    }
+
     fn refused(&self, refusal: Refusal, last: u64) -> Refused {
         let first_of_episode = match refusal {
             Refusal::NotLeased => false,
@@ -559,6 +572,36 @@ mod tests {
             ..OPEN
         });
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 60_000, 1)));
+    }
+
+    #[test]
+    fn would_issue_answers_as_issue_does_and_issues_nothing() {
+        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
+        let clock = ScriptedClock::new(&[T]);
+        assert!(!state.would_issue(&clock));
+        state.open_gate(&Grant {
+            floor_ms: Some(T + 10),
+            reserved_until_ms: T + 20,
+            deadline_ns: 10_000_000,
+            ..OPEN
+        });
+        assert!(!state.would_issue(&clock));
+        clock.then(&[T + 10]);
+        assert!(state.would_issue(&clock));
+        assert_eq!(state.snapshot().ids_issued, 0);
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 10, 0)));
+        // Behind the last stamp by less than snowid.max_clock_backward: issue would wait, so not now.
+        clock.then(&[T + 9]);
+        assert!(!state.would_issue(&clock));
+        clock.then(&[T + 20]);
+        assert!(!state.would_issue(&clock));
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
+        state.open_gate(&Grant {
+            reserved_until_ms: T + 30,
+            deadline_ns: 0,
+            ..OPEN
+        });
+        assert!(!state.would_issue(&clock));
     }
 
     #[test]

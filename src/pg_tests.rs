@@ -31,15 +31,7 @@ mod tests {
 
     /// Waits up to 10 s for the lease worker to hold the lease, so that ids can be issued.
     fn wait_for_lease() {
-        Spi::run(
-            "DO $$ BEGIN
-                 FOR attempt IN 1..200 LOOP
-                     EXIT WHEN (SELECT lease_state FROM snowid_status()) = 'held';
-                     PERFORM pg_sleep(0.05);
-                 END LOOP;
-             END $$",
-        )
-        .unwrap();
+        assert!(one::<bool>("SELECT snowid_wait_ready('10 seconds')"));
     }
 
     fn one<T: pgrx::IntoDatum + pgrx::FromDatum>(query: &str) -> T {
@@ -183,15 +175,17 @@ mod tests {
     fn decode_family_is_immutable_strict_and_parallel_safe() {
         let markings: i64 = one(
             "SELECT count(*) FROM pg_proc
-              WHERE proname IN ('snowid_decode', 'snowid_timestamp', 'snowid_worker_id', 'snowid_sequence', 'snowid_from_timestamp')
+              WHERE proname IN ('snowid_decode', 'snowid_timestamp', 'snowid_worker_id', 'snowid_sequence',
+                                'snowid_from_timestamp', 'snowid_to_base32', 'snowid_from_base32')
                 AND provolatile = 'i' AND proisstrict AND proparallel = 's'",
         );
-        assert_eq!(markings, 5);
+        assert_eq!(markings, 7);
         let volatile: i64 = one(
             "SELECT count(*) FROM pg_proc
-              WHERE proname IN ('snowid_next', 'snowid_next_batch', 'snowid_status') AND provolatile = 'v'",
+              WHERE proname IN ('snowid_next', 'snowid_next_batch', 'snowid_status', 'snowid_wait_ready', 'snowid_convert_column')
+                AND provolatile = 'v'",
         );
-        assert_eq!(volatile, 3);
+        assert_eq!(volatile, 5);
     }
 
     #[pg_test]
@@ -201,7 +195,9 @@ mod tests {
                FROM pg_proc WHERE proname LIKE 'snowid\\_%'",
         );
         let expected = [
+            "snowid_convert_column(table_name regclass, column_name name DEFAULT 'id'::name) -> void",
             "snowid_decode(id bigint, OUT created_at timestamp with time zone, OUT worker_id integer, OUT sequence integer) -> record",
+            "snowid_from_base32(t text) -> bigint",
             "snowid_from_timestamp(ts timestamp with time zone) -> bigint",
             "snowid_handover(worker_id integer) -> text",
             "snowid_next() -> bigint",
@@ -209,9 +205,87 @@ mod tests {
             "snowid_sequence(id bigint) -> integer",
             "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint, lease_state text, lease_holder text, lease_expires_at timestamp with time zone, registry text, high_water_mark timestamp with time zone, last_error text)",
             "snowid_timestamp(id bigint) -> timestamp with time zone",
+            "snowid_to_base32(id bigint) -> text",
+            "snowid_wait_ready(timeout interval DEFAULT '00:00:30'::interval) -> boolean",
             "snowid_worker_id(id bigint) -> integer",
         ];
         assert_eq!(signatures, expected.join("\n"));
+    }
+
+    #[pg_test]
+    fn base32_round_trips_and_sorts_as_the_ids_do() {
+        // 10,001 ids spread evenly from 0 to the largest bigint, and 1,000 fresh ones.
+        wait_for_lease();
+        let checked: String = one(
+            "WITH ids AS (
+                 SELECT (9223372036854775807::numeric * g / 10000)::bigint AS id FROM generate_series(0, 10000) g
+                 UNION ALL SELECT snowid_next_batch(1000)),
+             texts AS (SELECT id, snowid_to_base32(id) AS t FROM ids)
+             SELECT format('%s %s %s %s %s', count(*),
+                           count(*) FILTER (WHERE snowid_from_base32(t) = id),
+                           count(*) FILTER (WHERE snowid_from_base32(lower(t)) = id),
+                           count(*) FILTER (WHERE length(t) = 13 AND t ~ '^[0-7][0-9A-HJKMNP-TV-Z]{12}$'),
+                           (SELECT array_agg(id ORDER BY t COLLATE \"C\") = array_agg(id ORDER BY id) FROM texts))
+               FROM texts",
+        );
+        assert_eq!(checked, "11001 11001 11001 11001 t");
+        let ends: String = one(
+            "SELECT concat_ws(' ', snowid_to_base32(0), snowid_to_base32(120493965312069635),
+                              snowid_to_base32(9223372036854775807), snowid_from_base32('03B0MKY002403'),
+                              snowid_from_base32('0oIiLl0000000'), snowid_from_base32('7zzzzzzzzzzzz'))",
+        );
+        assert_eq!(
+            ends,
+            "0000000000000 03B0MKY002403 7ZZZZZZZZZZZZ 120493965312069635 1162218150297600 9223372036854775807"
+        );
+    }
+
+    #[pg_test]
+    fn base32_rejects_what_is_not_an_id() {
+        const HINT: &str = " HINT: An id's base32 text is 13 of the digits 0-9 and the letters A-Z \
+            other than U, in either case; I and L read as 1, O as 0.";
+        let cases = [
+            ("''", "22P02: invalid snowid base32 text: it has 0 characters, not 13"),
+            ("'03B0MKY00240'", "22P02: invalid snowid base32 text: it has 12 characters, not 13"),
+            ("'03B0MKY0024030'", "22P02: invalid snowid base32 text: it has 14 characters, not 13"),
+            ("'03B0MKY00240é'", "22P02: invalid snowid base32 text \"03B0MKY00240é\": \"é\" at position 13 is not a base32 digit"),
+            ("'03B0UKY002403'", "22P02: invalid snowid base32 text \"03B0UKY002403\": \"U\" at position 5 is not a base32 digit"),
+            ("'03B0MKY00-403'", "22P02: invalid snowid base32 text \"03B0MKY00-403\": \"-\" at position 10 is not a base32 digit"),
+            ("' 3B0MKY002403'", "22P02: invalid snowid base32 text \" 3B0MKY002403\": \" \" at position 1 is not a base32 digit"),
+            ("'8000000000000'", "22P02: snowid base32 text \"8000000000000\" is out of range for type bigint: its first character must be 0 to 7"),
+            ("'zzzzzzzzzzzzz'", "22P02: snowid base32 text \"zzzzzzzzzzzzz\" is out of range for type bigint: its first character must be 0 to 7"),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(
+                error_of(&format!("SELECT snowid_from_base32({text})")),
+                format!("{expected}{HINT}"),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            error_of("SELECT snowid_to_base32(-1)"),
+            "22023: -1 is not a snowid id: ids are never negative"
+        );
+        let nulls: bool =
+            one("SELECT snowid_to_base32(NULL) IS NULL AND snowid_from_base32(NULL) IS NULL");
+        assert!(nulls);
+    }
+
+    #[pg_test]
+    fn wait_ready_answers_at_once_when_leased_and_rejects_a_negative_timeout() {
+        wait_for_lease();
+        let answers: String = one(
+            "SELECT concat_ws(' ', snowid_wait_ready(), snowid_wait_ready('0'), snowid_wait_ready(NULL) IS NULL)",
+        );
+        assert_eq!(answers, "t t t");
+        assert_eq!(
+            error_of("SELECT snowid_wait_ready('-1 second')"),
+            "22023: snowid_wait_ready timeout must not be negative, not -00:00:01"
+        );
+        assert_eq!(
+            error_of("SELECT snowid_wait_ready('1 day -25 hours')"),
+            "22023: snowid_wait_ready timeout must not be negative, not 1 day -25:00:00"
+        );
     }
 
     #[pg_test]

@@ -1,4 +1,4 @@
-//! `ALTER EXTENSION snowid UPDATE` from every released version (0.1.0 goes through 0.2.0) gives what
+//! `ALTER EXTENSION snowid UPDATE` from every released version (each goes through the next) gives what
 //! a fresh install gives, and keeps the data made with the old one.
 
 use snowid_cluster_tests::{error_text, server_version_num, wait_for, Cluster};
@@ -34,13 +34,16 @@ SELECT pg_describe_object(d.classid, d.objid, 0) || coalesce(' ' || (
 SELECT 'tables pg_dump keeps: ' || extconfig::regclass[]::text FROM pg_extension WHERE extname = 'snowid'
  ORDER BY 1";
 
+/// The version `CREATE EXTENSION snowid` installs.
+const CURRENT: &str = "0.4.0";
+
 /// How many objects a fresh install of the current version has; PostgreSQL 18 also records the
 /// lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
     if server_version_num(client) >= 180000 {
-        18
+        22
     } else {
-        16
+        20
     }
 }
 
@@ -54,6 +57,7 @@ const OLD_VERSION_INSTALLED: &str =
 #[test]
 fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
     let (cluster, mut old) = installed("upgrade-0.1.0", "0.1.0");
+    wait_for_old_version_refusal(&mut old);
     // The 0.1.0 declaration of snowid_status() still works with the new library: the lease
     // columns come after the old ones.
     let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
@@ -68,6 +72,7 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
 #[test]
 fn updating_from_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
     let (cluster, mut old) = installed("upgrade-0.2.0", "0.2.0");
+    wait_for_old_version_refusal(&mut old);
     let state: String = old
         .query_one("SELECT lease_state FROM snowid_status()", &[])
         .unwrap()
@@ -76,8 +81,21 @@ fn updating_from_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
     update_and_compare_with_fresh(&cluster, &mut old, "0.2.0");
 }
 
+#[test]
+fn updating_from_0_3_0_equals_a_fresh_install_and_keeps_the_data() {
+    let (cluster, mut old) = installed("upgrade-0.3.0", "0.3.0");
+    // 0.3.0's lease functions serve the new library as they are: it issues before the update.
+    assert_eq!(cluster.wait_for_lease(&mut old), "held");
+    let worker_id: i32 = old
+        .query_one("SELECT snowid_worker_id(snowid_next())", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(worker_id, 21);
+    update_and_compare_with_fresh(&cluster, &mut old, "0.3.0");
+}
+
 /// A server leasing worker id 21 from its database `upgraded`, where snowid `version` is installed
-/// and a table holds a row made with it; the lease worker has found the version too old.
+/// and a table holds a row made with it.
 fn installed(name: &str, version: &str) -> (Cluster, postgres::Client) {
     let cluster = Cluster::start(
         name,
@@ -98,6 +116,11 @@ fn installed(name: &str, version: &str) -> (Cluster, postgres::Client) {
          INSERT INTO orders VALUES (120493965312069635, 'made with {version}');"
     ))
     .unwrap();
+    (cluster, old)
+}
+
+/// Waits until the lease worker has found a version older than 0.3.0 installed.
+fn wait_for_old_version_refusal(old: &mut postgres::Client) {
     wait_for(
         "the lease worker to look for the lease functions",
         Duration::from_secs(10),
@@ -106,7 +129,6 @@ fn installed(name: &str, version: &str) -> (Cluster, postgres::Client) {
                 == OLD_VERSION_INSTALLED
         },
     );
-    (cluster, old)
 }
 
 /// `ALTER EXTENSION snowid UPDATE` in `old`'s database gives the objects of a fresh install in
@@ -121,7 +143,7 @@ fn update_and_compare_with_fresh(cluster: &Cluster, old: &mut postgres::Client, 
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.3.0");
+    assert_eq!(version, CURRENT);
     cluster
         .connect()
         .batch_execute("CREATE DATABASE fresh")
@@ -141,8 +163,10 @@ fn update_and_compare_with_fresh(cluster: &Cluster, old: &mut postgres::Client, 
     assert_eq!(fresh.len(), fresh_members(&mut new), "{fresh:#?}");
 
     assert_eq!(cluster.wait_for_lease(old), "held");
-    old.batch_execute("INSERT INTO orders (item) VALUES ('made with 0.3.0')")
-        .unwrap();
+    old.batch_execute(&format!(
+        "INSERT INTO orders (item) VALUES ('made with {CURRENT}')"
+    ))
+    .unwrap();
     let rows: Vec<(String, i32)> = old
         .query(
             "SELECT item, snowid_worker_id(id) FROM orders ORDER BY id",
@@ -156,7 +180,7 @@ fn update_and_compare_with_fresh(cluster: &Cluster, old: &mut postgres::Client, 
         rows,
         [
             (format!("made with {from}"), 17),
-            ("made with 0.3.0".into(), 21)
+            (format!("made with {CURRENT}"), 21)
         ]
     );
 }

@@ -15,8 +15,32 @@ SELECT snowid_handover(1024);
 SET snowid.worker_id = 5;
 SET snowid.max_clock_backward = 100;
 SET snowid.workerid = 5;
+SELECT snowid_to_base32(-1);
+SELECT snowid_from_base32('03B0MKY00240');
+SELECT snowid_from_base32('03B0UKY002403');
+SELECT snowid_from_base32('8000000000000');
+SELECT snowid_wait_ready('-1 second');
+-- What snowid_convert_column refuses.
+CREATE TABLE int_keys (id serial PRIMARY KEY);
+SELECT snowid_convert_column('int_keys');
+SELECT snowid_convert_column('int_keys', 'no_such_column');
+CREATE TABLE ahead (id bigint PRIMARY KEY);
+INSERT INTO ahead VALUES (snowid_from_timestamp('2095-01-01 00:00+00'));
+SELECT snowid_convert_column('ahead');
+CREATE VIEW key_view AS SELECT 1::bigint AS id;
+SELECT snowid_convert_column('key_view');
+CREATE TABLE computed (id bigint GENERATED ALWAYS AS (1) STORED);
+SELECT snowid_convert_column('computed');
+CREATE ROLE not_the_owner;
+GRANT ALL ON int_keys TO not_the_owner;
+SET ROLE not_the_owner;
+SELECT snowid_convert_column('int_keys');
+RESET ROLE;
+DROP TABLE int_keys;
+DROP ROLE not_the_owner;
 -- NULL in, NULL out.
 \set VERBOSITY default
 SELECT snowid_timestamp(NULL), snowid_worker_id(NULL), snowid_sequence(NULL), snowid_from_timestamp(NULL);
 SELECT * FROM snowid_decode(NULL);
 SELECT count(*) FROM snowid_next_batch(NULL);
+SELECT snowid_to_base32(NULL), snowid_from_base32(NULL), snowid_wait_ready(NULL);

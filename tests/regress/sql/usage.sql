@@ -1,13 +1,8 @@
 -- The README's examples. A fresh server with snowid.worker_id = 17, snowid.database = 'usage'
 -- (this database) and TimeZone = 'UTC'.
 CREATE EXTENSION snowid;
--- The lease worker acquires the worker id within a second or so; ids are issued from then on.
-DO $$ BEGIN
-    FOR attempt IN 1..300 LOOP
-        EXIT WHEN (SELECT lease_state FROM snowid_status()) = 'held';
-        PERFORM pg_sleep(0.05);
-    END LOOP;
-END $$;
+-- True once this server holds the lease on its worker id, within a second or so of the start.
+SELECT snowid_wait_ready();
 SELECT worker_id, lease_state, registry FROM snowid_status();
 CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
 INSERT INTO orders (item) VALUES ('book'), ('pen'), ('lamp');
@@ -34,3 +29,19 @@ RESET enable_seqscan;
 SELECT worker_id, ids_issued, clock_backward_waits, clock_backward_refusals FROM snowid_status();
 SHOW snowid.worker_id;
 SHOW snowid.max_clock_backward;
+-- Two forms of an id that JSON carries exactly: its decimal text, and its base32 text.
+SELECT json_build_object('id', id::text, 'key', snowid_to_base32(id)) AS row
+  FROM (VALUES (120493965312069635)) AS t(id);
+SELECT snowid_from_base32('03B0MKY002403'), snowid_from_base32('03b0mky002403');
+-- Converting a bigserial key and an identity key.
+CREATE TABLE invoices (id bigserial PRIMARY KEY, customer text);
+INSERT INTO invoices (customer) VALUES ('ada'), ('grace');
+SELECT snowid_convert_column('invoices');
+INSERT INTO invoices (customer) VALUES ('edsger');
+SELECT customer, id <= 2 AS from_the_sequence FROM invoices ORDER BY id;
+DROP SEQUENCE invoices_id_seq;
+CREATE TABLE tickets (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, title text);
+INSERT INTO tickets (title) VALUES ('first');
+SELECT snowid_convert_column('tickets', 'id');
+SELECT column_default, is_identity, is_nullable FROM information_schema.columns
+ WHERE table_name = 'tickets' AND column_name = 'id';

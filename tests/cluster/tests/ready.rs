@@ -1,0 +1,158 @@
+//! `snowid_wait_ready`: true as soon as the server would issue, false once its timeout passes,
+//! cancellable like any statement, and it issues nothing itself.
+
+use snowid_cluster_tests::{error_text, Cluster};
+use std::time::{Duration, Instant};
+
+/// A server leasing worker id 5 from database `ledger`, which does not have snowid yet: it cannot
+/// issue until `CREATE EXTENSION snowid` runs there.
+fn server_waiting_for_its_registry(name: &str) -> (Cluster, postgres::Client) {
+    let cluster = Cluster::start_preloading_snowid(
+        name,
+        &["snowid.worker_id = 5", "snowid.database = 'ledger'"],
+        &[],
+        false,
+    );
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE DATABASE ledger").unwrap();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    (cluster, client)
+}
+
+fn issued(client: &mut postgres::Client) -> (i64, Option<i64>) {
+    let row = client
+        .query_one("SELECT ids_issued, last_id FROM snowid_status()", &[])
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[test]
+fn false_after_the_timeout_then_true_once_the_lease_is_held() {
+    let (cluster, mut client) = server_waiting_for_its_registry("ready");
+    let started = Instant::now();
+    let ready: bool = client
+        .query_one("SELECT snowid_wait_ready('1.5 seconds')", &[])
+        .unwrap()
+        .get(0);
+    let waited = started.elapsed();
+    assert!(!ready);
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_millis(2500),
+        "waited {waited:?}"
+    );
+
+    let became_ready = std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let mut client = cluster.connect();
+            let started = Instant::now();
+            let ready: bool = client
+                .query_one("SELECT snowid_wait_ready('30 seconds')", &[])
+                .unwrap()
+                .get(0);
+            (ready, started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        cluster
+            .connect_to("ledger")
+            .batch_execute("CREATE EXTENSION snowid")
+            .unwrap();
+        waiter.join().unwrap()
+    });
+    assert!(became_ready.0);
+    assert!(
+        became_ready.1 >= Duration::from_millis(500) && became_ready.1 < Duration::from_secs(10),
+        "ready {:?} after the wait began",
+        became_ready.1
+    );
+    assert_eq!(issued(&mut client), (0, None), "waiting issued no id");
+    let ready_at_once: bool = client
+        .query_one("SELECT snowid_wait_ready('0')", &[])
+        .unwrap()
+        .get(0);
+    assert!(ready_at_once);
+    let worker_id: i32 = client
+        .query_one("SELECT snowid_worker_id(snowid_next())", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(worker_id, 5);
+    println!(
+        "false after {waited:?} for a 1.5 s timeout; true {:?} after the wait began, 500 ms after \
+         which the registry got snowid",
+        became_ready.1
+    );
+}
+
+#[test]
+fn a_wait_is_cancelled_like_any_statement() {
+    let (cluster, mut client) = server_waiting_for_its_registry("ready-cancel");
+    client.batch_execute("SET statement_timeout = '300ms'").unwrap();
+    let started = Instant::now();
+    let timed_out = client
+        .query_one("SELECT snowid_wait_ready('1 hour')", &[])
+        .unwrap_err();
+    assert_eq!(
+        error_text(&timed_out),
+        "57014: canceling statement due to statement timeout"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    client.batch_execute("RESET statement_timeout").unwrap();
+
+    let cancelled = std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let mut client = cluster.connect();
+            client
+                .batch_execute("SET application_name = 'waiting'")
+                .unwrap();
+            let started = Instant::now();
+            let error = client
+                .query_one("SELECT snowid_wait_ready('1 hour')", &[])
+                .unwrap_err();
+            (error_text(&error), started.elapsed())
+        });
+        snowid_cluster_tests::wait_for(
+            "the session to wait",
+            Duration::from_secs(10),
+            || {
+                client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                          WHERE application_name = 'waiting' AND query LIKE 'SELECT snowid_wait_ready%'",
+                        &[],
+                    )
+                    .unwrap()
+                    .get::<_, i64>(0)
+                    == 1
+            },
+        );
+        let signalled: bool = client
+            .query_one(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'waiting'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert!(signalled);
+        waiter.join().unwrap()
+    });
+    assert_eq!(cancelled.0, "57014: canceling statement due to user request");
+    assert!(cancelled.1 < Duration::from_secs(12));
+    assert_eq!(issued(&mut client), (0, None));
+}
+
+#[test]
+fn a_server_that_can_never_issue_says_why_at_once() {
+    let cluster = Cluster::start_preloading_snowid("ready-unset", &[], &[], false);
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let started = Instant::now();
+    let error = client
+        .query_one("SELECT snowid_wait_ready('1 hour')", &[])
+        .unwrap_err();
+    assert_eq!(
+        error_text(&error),
+        "55000: snowid.worker_id is not set HINT: Choose a worker id from 0 to 1023 that no other \
+         server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and restart \
+         the server."
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
