@@ -23,9 +23,10 @@ pg_config_of() {
     if [ "$1" = 18 ]; then echo "$PG18_PREFIX/bin/pg_config"; else echo "/usr/lib/postgresql/$1/bin/pg_config"; fi
 }
 
-# make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18.
+# make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18; postgresql-15-partman is
+# for the partitioning tests.
 packages=(postgresql-15 postgresql-server-dev-15 libpq-dev openssl clang libclang-dev pkg-config libssl-dev
-    faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev)
+    faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev postgresql-15-partman)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
