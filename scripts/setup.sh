@@ -27,6 +27,10 @@ pg_config_of() {
 # for the partitioning tests.
 packages=(postgresql-15 postgresql-server-dev-15 libpq-dev openssl clang libclang-dev pkg-config libssl-dev
     faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev postgresql-15-partman)
+# The client examples (clients/) run under Node.js with npm and Python with venv; Debian's serve
+# where the machine has neither.
+command -v npm >/dev/null || packages+=(nodejs npm)
+python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what the client examples need into gitignored places (target/clients, node_modules), then
+# runs each of them against the server that PGHOST, PGPORT, PGUSER and PGDATABASE name.
+set -euo pipefail
+for variable in PGHOST PGPORT PGUSER PGDATABASE; do
+  [[ -n ${!variable:-} ]] || { echo "run.sh: set $variable to the server to test against" >&2; exit 2; }
+done
+clients=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+target=$(dirname "$clients")/target/clients
+export PATH="$HOME/.cargo/bin:$PATH" # where rustup puts cargo
+
+python3 -m venv "$target/venv"
+"$target/venv/bin/pip" install --quiet --disable-pip-version-check -r "$clients/python/requirements.txt"
+(cd "$clients/node" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+CARGO_TARGET_DIR="$target/rust" cargo build --quiet --locked --manifest-path "$clients/rust/Cargo.toml"
+
+"$target/venv/bin/python" "$clients/python/psycopg_example.py"
+"$target/venv/bin/python" "$clients/python/sqlalchemy_example.py"
+node "$clients/node/example.mjs"
+"$target/rust/debug/snowid-rust-example"
+echo "run.sh: all four examples passed"
