@@ -26,12 +26,15 @@ AS 'MODULE_PATHNAME', 'snowid_wait_ready_wrapper';
 -- Converting an existing bigint key, filled by a sequence or an identity, to snowid_next().
 CREATE FUNCTION snowid_convert_column(table_name regclass, column_name name DEFAULT 'id')
 RETURNS void
-LANGUAGE plpgsql
+LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp
+-- Row-level security would hide rows from the check of the largest value.
+SET row_security = off
 AS $$
 DECLARE
     table_kind "char";
     table_owner oid;
+    is_partition boolean;
     column_number smallint;
     column_type regtype;
     identity_kind "char";
@@ -42,12 +45,28 @@ DECLARE
     largest bigint;
     what_became text;
 BEGIN
-    SELECT relkind, relowner INTO table_kind, table_owner FROM pg_class WHERE oid = table_name;
+    SELECT relkind, relowner, relispartition INTO table_kind, table_owner, is_partition
+      FROM pg_class WHERE oid = table_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'relation with OID % does not exist', table_name::oid USING ERRCODE = 'undefined_table';
+    END IF;
     IF table_kind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION '% is not a table', table_name USING ERRCODE = 'wrong_object_type';
     END IF;
+    IF is_partition THEN
+        RAISE EXCEPTION '% is a partition', table_name
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Rows inserted through the partitioned table take its default: convert the partitioned table, which converts its partitions too.';
+    END IF;
     IF NOT pg_has_role(current_user, table_owner, 'USAGE') THEN
         RAISE EXCEPTION 'must be owner of table %', table_name USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    -- A snapshot older than the lock below would miss rows committed while waiting for it.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'snowid_convert_column must run at isolation level read committed, not %',
+                current_setting('transaction_isolation')
+            USING ERRCODE = 'invalid_transaction_state',
+                  HINT = 'Its check of the largest value must see the rows committed while it waits for its lock.';
     END IF;
     -- ALTER TABLE's lock, taken before the largest value is read: inserts wait until commit.
     EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', table_name);
@@ -70,6 +89,13 @@ BEGIN
             USING ERRCODE = 'wrong_object_type';
     END IF;
 
+    SELECT pg_get_expr(adbin, adrelid) INTO old_default
+      FROM pg_attrdef WHERE adrelid = table_name AND adnum = column_number;
+    IF old_default = '@extschema@.snowid_next()' THEN
+        RAISE NOTICE 'column "%" of table % already defaults to snowid_next()', column_name, table_name;
+        RETURN;
+    END IF;
+
     EXECUTE format('SELECT max(%I) FROM %s', column_name, table_name) INTO largest;
     IF largest >= @extschema@.snowid_from_timestamp(now()) THEN
         RAISE EXCEPTION 'column "%" of table % holds values up to %, not all below the first id of now()',
@@ -80,8 +106,6 @@ BEGIN
     END IF;
 
     owned_sequence := pg_get_serial_sequence(table_name::text, column_name);
-    SELECT pg_get_expr(adbin, adrelid) INTO old_default
-      FROM pg_attrdef WHERE adrelid = table_name AND adnum = column_number;
     IF owned_sequence IS NOT NULL THEN
         sequence_reached := pg_sequence_last_value(owned_sequence::regclass);
     END IF;

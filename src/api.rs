@@ -86,10 +86,12 @@ fn snowid_next_batch(count: i32) -> SetOfIterator<'static, i64> {
 fn snowid_wait_ready(timeout: default!(Interval, "'30 seconds'")) -> bool {
     const FUNCTION: &str = "snowid_wait_ready";
     let issuer = Issuer::get(FUNCTION);
-    let timeout = match u64::try_from(timeout.as_micros()) {
-        Ok(micros) => Duration::from_micros(micros),
-        Err(_) => SnowidError::NegativeTimeout(timeout.to_string()).raise(FUNCTION),
-    };
+    let micros = timeout.as_micros();
+    if micros < 0 {
+        SnowidError::NegativeTimeout(timeout.to_string()).raise(FUNCTION)
+    }
+    // Longer than u64 microseconds (half a million years, or infinity) waits without end.
+    let timeout = Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
     let started = Instant::now();
     loop {
         if issuer.state.would_issue(&SystemClock) {

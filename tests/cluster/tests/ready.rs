@@ -1,7 +1,8 @@
-//! `snowid_wait_ready`: true as soon as the server would issue, false once its timeout passes,
-//! cancellable like any statement, and it issues nothing itself.
+//! `snowid_wait_ready`: true as soon as the server would issue, false once its timeout passes (no
+//! lease yet, a standby, a clock behind the ids issued), cancellable like any statement, and it
+//! issues nothing itself.
 
-use snowid_cluster_tests::{error_text, Cluster};
+use snowid_cluster_tests::{clock_behind_ms, error_text, Cluster};
 use std::time::{Duration, Instant};
 
 /// A server leasing worker id 5 from database `ledger`, which does not have snowid yet: it cannot
@@ -155,4 +156,58 @@ fn a_server_that_can_never_issue_says_why_at_once() {
          the server."
     );
     assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+fn wait_ready(client: &mut postgres::Client, timeout: &str) -> bool {
+    client
+        .query_one("SELECT snowid_wait_ready($1::text::interval)", &[&timeout])
+        .unwrap()
+        .get(0)
+}
+
+#[test]
+fn false_on_a_standby_and_true_once_it_is_promoted_after_a_clean_switchover() {
+    let primary = Cluster::start_preloading_snowid(
+        "ready-primary",
+        &["snowid.worker_id = 7", "snowid.database = 'postgres'"],
+        &[],
+        false,
+    );
+    let mut client = primary.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    assert!(wait_ready(&mut client, "15 seconds"));
+    let standby = primary.standby_of("ready-standby");
+    let mut on_standby = standby.connect();
+    assert!(!wait_ready(&mut on_standby, "500 milliseconds"));
+    primary.stop("fast");
+    standby.promote();
+    let mut promoted = standby.connect();
+    assert!(wait_ready(&mut promoted, "15 seconds"));
+    let worker_id: i32 = promoted
+        .query_one("SELECT snowid_worker_id(snowid_next())", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(worker_id, 7);
+}
+
+#[test]
+fn false_while_the_clock_is_behind_the_ids_issued_and_true_once_it_is_back() {
+    let cluster = Cluster::start_preloading_snowid(
+        "ready-clock",
+        &["snowid.worker_id = 8", "snowid.database = 'postgres'"],
+        &[],
+        true,
+    );
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    assert!(wait_ready(&mut client, "15 seconds"));
+    client.batch_execute("SELECT snowid_next()").unwrap();
+    cluster.set_clock_offset("-10");
+    assert!(!wait_ready(&mut client, "500 milliseconds"));
+    let refusal = client.query_one("SELECT snowid_next()", &[]).unwrap_err();
+    let behind_ms = clock_behind_ms(&error_text(&refusal));
+    assert!((9_000..=10_000).contains(&behind_ms), "{behind_ms} ms");
+    cluster.set_clock_offset("+0");
+    assert!(wait_ready(&mut client, "5 seconds"));
+    client.batch_execute("SELECT snowid_next()").unwrap();
 }

@@ -38,9 +38,28 @@ SELECT snowid_convert_column('int_keys');
 RESET ROLE;
 DROP TABLE int_keys;
 DROP ROLE not_the_owner;
+CREATE TABLE by_day (id bigserial, at date) PARTITION BY RANGE (at);
+CREATE TABLE by_day_1 PARTITION OF by_day FOR VALUES FROM ('2026-01-01') TO ('2026-01-02');
+SELECT snowid_convert_column('by_day_1');
+SELECT snowid_convert_column(4294967295::oid::regclass);
+CREATE TABLE later (id bigserial PRIMARY KEY);
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT snowid_convert_column('later');
+ROLLBACK;
+-- Row-level security hides no row from the check of the largest value.
+CREATE ROLE rls_owner;
+GRANT CREATE ON SCHEMA public TO rls_owner;
+SET ROLE rls_owner;
+CREATE TABLE guarded (id bigint PRIMARY KEY);
+INSERT INTO guarded VALUES (snowid_from_timestamp('2095-01-01 00:00+00'));
+ALTER TABLE guarded ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+CREATE POLICY nothing ON guarded USING (false);
+SELECT count(*) FROM guarded;
+SELECT snowid_convert_column('guarded');
+RESET ROLE;
 -- NULL in, NULL out.
 \set VERBOSITY default
 SELECT snowid_timestamp(NULL), snowid_worker_id(NULL), snowid_sequence(NULL), snowid_from_timestamp(NULL);
 SELECT * FROM snowid_decode(NULL);
 SELECT count(*) FROM snowid_next_batch(NULL);
-SELECT snowid_to_base32(NULL), snowid_from_base32(NULL), snowid_wait_ready(NULL);
+SELECT snowid_to_base32(NULL), snowid_from_base32(NULL), snowid_wait_ready(NULL), snowid_convert_column(NULL);
