@@ -1,11 +1,11 @@
-//! The SQL functions: thin wrappers over `layout` and `generator`.
+//! The SQL functions: thin wrappers over `layout`, `base32` and `generator`.
 
 use crate::errors::SnowidError;
 use crate::generator::{IssuingState, Refusal, StampRun, SystemClock, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
 use crate::{base32, gucs, registry, shmem};
-use std::time::{Duration, Instant};
 use pgrx::prelude::*;
+use std::time::{Duration, Instant};
 
 /// The largest count `snowid_next_batch` accepts: one second of the layout's capacity.
 const MAX_BATCH: u32 = 4_096_000;

@@ -242,7 +242,8 @@ mod tests {
 
     #[pg_test]
     fn base32_rejects_what_is_not_an_id() {
-        const HINT: &str = " HINT: An id's base32 text is 13 of the digits 0-9 and the letters A-Z \
+        const HINT: &str =
+            " HINT: An id's base32 text is 13 of the digits 0-9 and the letters A-Z \
             other than U, in either case; I and L read as 1, O as 0.";
         let cases = [
             ("''", "22P02: invalid snowid base32 text: it has 0 characters, not 13"),

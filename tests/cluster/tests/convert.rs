@@ -87,7 +87,11 @@ fn converting_a_bigserial_table_under_inserts_loses_and_repeats_nothing() {
         )
         .unwrap();
     assert_eq!(
-        (totals.get::<_, i64>(0), totals.get::<_, i64>(1), totals.get::<_, i64>(2)),
+        (
+            totals.get::<_, i64>(0),
+            totals.get::<_, i64>(1),
+            totals.get::<_, i64>(2)
+        ),
         (OLD_ROWS + inserted, OLD_ROWS + inserted, OLD_ROWS),
         "every insert is there once, and every old row kept its value"
     );
@@ -108,9 +112,15 @@ fn converting_a_bigserial_table_under_inserts_loses_and_repeats_nothing() {
     let (last_sequence_value, from_sequence) = (split.get::<_, i64>(0), split.get::<_, i64>(1));
     let (first_snowid, from_snowid) = (split.get::<_, i64>(2), split.get::<_, i64>(3));
     assert_eq!(last_sequence_value, from_sequence);
-    assert!(from_sequence > OLD_ROWS, "inserts ran before the conversion");
+    assert!(
+        from_sequence > OLD_ROWS,
+        "inserts ran before the conversion"
+    );
     assert_eq!(from_sequence + from_snowid, OLD_ROWS + inserted);
-    assert!(from_snowid >= i64::from(SESSIONS), "inserts ran after the conversion");
+    assert!(
+        from_snowid >= i64::from(SESSIONS),
+        "inserts ran after the conversion"
+    );
     assert!(first_snowid > last_sequence_value);
     let sequence_reached: i64 = admin
         .query_one("SELECT last_value FROM orders_id_seq", &[])

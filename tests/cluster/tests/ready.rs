@@ -86,7 +86,9 @@ fn false_after_the_timeout_then_true_once_the_lease_is_held() {
 #[test]
 fn a_wait_is_cancelled_like_any_statement() {
     let (cluster, mut client) = server_waiting_for_its_registry("ready-cancel");
-    client.batch_execute("SET statement_timeout = '300ms'").unwrap();
+    client
+        .batch_execute("SET statement_timeout = '300ms'")
+        .unwrap();
     let started = Instant::now();
     let timed_out = client
         .query_one("SELECT snowid_wait_ready('1 hour')", &[])
@@ -110,11 +112,8 @@ fn a_wait_is_cancelled_like_any_statement() {
                 .unwrap_err();
             (error_text(&error), started.elapsed())
         });
-        snowid_cluster_tests::wait_for(
-            "the session to wait",
-            Duration::from_secs(10),
-            || {
-                client
+        snowid_cluster_tests::wait_for("the session to wait", Duration::from_secs(10), || {
+            client
                     .query_one(
                         "SELECT count(*) FROM pg_stat_activity
                           WHERE application_name = 'waiting' AND query LIKE 'SELECT snowid_wait_ready%'",
@@ -123,8 +122,7 @@ fn a_wait_is_cancelled_like_any_statement() {
                     .unwrap()
                     .get::<_, i64>(0)
                     == 1
-            },
-        );
+        });
         let signalled: bool = client
             .query_one(
                 "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'waiting'",
@@ -135,7 +133,10 @@ fn a_wait_is_cancelled_like_any_statement() {
         assert!(signalled);
         waiter.join().unwrap()
     });
-    assert_eq!(cancelled.0, "57014: canceling statement due to user request");
+    assert_eq!(
+        cancelled.0,
+        "57014: canceling statement due to user request"
+    );
     assert!(cancelled.1 < Duration::from_secs(12));
     assert_eq!(issued(&mut client), (0, None));
 }
