@@ -1,7 +1,7 @@
 -- Converting an existing bigint key, filled by a sequence or an identity, to snowid_next().
 CREATE FUNCTION snowid_convert_column(table_name regclass, column_name name DEFAULT 'id')
 RETURNS void
-LANGUAGE plpgsql STRICT
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 -- Row-level security would hide rows from the check of the largest value.
 SET row_security = off
@@ -20,6 +20,10 @@ DECLARE
     largest bigint;
     what_became text;
 BEGIN
+    IF table_name IS NULL OR column_name IS NULL THEN
+        RAISE EXCEPTION 'snowid_convert_column needs a table and a column, not NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     SELECT relkind, relowner, relispartition INTO table_kind, table_owner, is_partition
       FROM pg_class WHERE oid = table_name;
     IF NOT FOUND THEN
@@ -37,7 +41,7 @@ BEGIN
         RAISE EXCEPTION 'must be owner of table %', table_name USING ERRCODE = 'insufficient_privilege';
     END IF;
     -- A snapshot older than the lock below would miss rows committed while waiting for it.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION 'snowid_convert_column must run at isolation level read committed, not %',
                 current_setting('transaction_isolation')
             USING ERRCODE = 'invalid_transaction_state',
@@ -66,7 +70,7 @@ BEGIN
 
     SELECT pg_get_expr(adbin, adrelid) INTO old_default
       FROM pg_attrdef WHERE adrelid = table_name AND adnum = column_number;
-    IF old_default = '@extschema@.snowid_next()' THEN
+    IF old_default = format('%s()', '@extschema@.snowid_next'::regproc) THEN
         RAISE NOTICE 'column "%" of table % already defaults to snowid_next()', column_name, table_name;
         RETURN;
     END IF;
@@ -75,7 +79,7 @@ BEGIN
     IF largest >= @extschema@.snowid_from_timestamp(now()) THEN
         RAISE EXCEPTION 'column "%" of table % holds values up to %, not all below the first id of now()',
                 column_name, table_name, largest
-            USING ERRCODE = 'object_not_in_prerequisite_state',
+            USING ERRCODE = 'numeric_value_out_of_range',
                   DETAIL = 'Ids issued from now on could repeat its values or sort before them.',
                   HINT = 'Values this large are not from a sequence, or come from a clock set ahead: find out which before converting.';
     END IF;

@@ -144,3 +144,76 @@ fn converting_a_bigserial_table_under_inserts_loses_and_repeats_nothing() {
          {from_snowid} snowid ids; the longest insert waited {longest:?} behind the conversion"
     );
 }
+
+#[test]
+fn a_value_committed_while_the_conversion_waits_for_its_lock_stops_it() {
+    let cluster = Cluster::start_preloading_snowid(
+        "convert-race",
+        &["snowid.worker_id = 17", "snowid.database = 'postgres'"],
+        &[],
+        false,
+    );
+    let mut admin = cluster.connect();
+    admin
+        .batch_execute(
+            "CREATE EXTENSION snowid;
+             CREATE TABLE orders (id bigserial PRIMARY KEY);
+             INSERT INTO orders DEFAULT VALUES;",
+        )
+        .unwrap();
+    let mut writer = cluster.connect();
+    let mut open = writer.transaction().unwrap();
+    open.execute(
+        "INSERT INTO orders VALUES (snowid_from_timestamp(now() + interval '1 day'))",
+        &[],
+    )
+    .unwrap();
+    let refusal = std::thread::scope(|scope| {
+        let converter = scope.spawn(|| {
+            let mut client = cluster.connect();
+            client
+                .batch_execute("SET application_name = 'converting'")
+                .unwrap();
+            client
+                .query_one("SELECT snowid_convert_column('orders')", &[])
+                .unwrap_err()
+        });
+        snowid_cluster_tests::wait_for(
+            "the conversion to wait for the table's lock",
+            Duration::from_secs(10),
+            || {
+                admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                          WHERE application_name = 'converting' AND wait_event_type = 'Lock'",
+                        &[],
+                    )
+                    .unwrap()
+                    .get::<_, i64>(0)
+                    == 1
+            },
+        );
+        open.commit().unwrap();
+        converter.join().unwrap()
+    });
+    let ahead: i64 = admin
+        .query_one("SELECT max(id) FROM orders", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        snowid_cluster_tests::error_text(&refusal),
+        format!(
+            "22003: column \"id\" of table public.orders holds values up to {ahead}, not all below \
+             the first id of now() HINT: Values this large are not from a sequence, or come from a \
+             clock set ahead: find out which before converting."
+        )
+    );
+    let default: String = admin
+        .query_one(
+            "SELECT column_default FROM information_schema.columns WHERE table_name = 'orders'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(default, "nextval('orders_id_seq'::regclass)");
+}

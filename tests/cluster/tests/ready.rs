@@ -143,20 +143,42 @@ fn a_wait_is_cancelled_like_any_statement() {
 
 #[test]
 fn a_server_that_can_never_issue_says_why_at_once() {
-    let cluster = Cluster::start_preloading_snowid("ready-unset", &[], &[], false);
-    let mut client = cluster.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
-    let started = Instant::now();
-    let error = client
-        .query_one("SELECT snowid_wait_ready('1 hour')", &[])
-        .unwrap_err();
-    assert_eq!(
-        error_text(&error),
-        "55000: snowid.worker_id is not set HINT: Choose a worker id from 0 to 1023 that no other \
-         server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and restart \
-         the server."
-    );
-    assert!(started.elapsed() < Duration::from_secs(2));
+    let cases = [
+        (
+            "ready-no-preload",
+            vec![],
+            "55000: snowid must be loaded via shared_preload_libraries HINT: Add snowid to \
+             shared_preload_libraries in postgresql.conf and restart the server.",
+        ),
+        (
+            "ready-unset",
+            vec!["shared_preload_libraries = 'snowid'"],
+            "55000: snowid.worker_id is not set HINT: Choose a worker id from 0 to 1023 that no \
+             other server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and \
+             restart the server.",
+        ),
+        (
+            "ready-any",
+            vec![
+                "shared_preload_libraries = 'snowid'",
+                "snowid.any_worker_id = on",
+            ],
+            "55000: snowid.any_worker_id needs a shared registry in snowid.registry HINT: Set \
+             snowid.worker_id, or name the fleet's registry in snowid.registry, and restart the \
+             server.",
+        ),
+    ];
+    for (name, settings, expected) in cases {
+        let cluster = Cluster::start(name, &settings);
+        let mut client = cluster.connect();
+        client.batch_execute("CREATE EXTENSION snowid").unwrap();
+        let started = Instant::now();
+        let error = client
+            .query_one("SELECT snowid_wait_ready('1 hour')", &[])
+            .unwrap_err();
+        assert_eq!(error_text(&error), expected, "{name}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{name}");
+    }
 }
 
 fn wait_ready(client: &mut postgres::Client, timeout: &str) -> bool {

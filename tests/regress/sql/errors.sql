@@ -57,9 +57,12 @@ CREATE POLICY nothing ON guarded USING (false);
 SELECT count(*) FROM guarded;
 SELECT snowid_convert_column('guarded');
 RESET ROLE;
+-- A conversion is never skipped in silence.
+SELECT snowid_convert_column(NULL);
+SELECT snowid_convert_column('computed', NULL);
 -- NULL in, NULL out.
 \set VERBOSITY default
 SELECT snowid_timestamp(NULL), snowid_worker_id(NULL), snowid_sequence(NULL), snowid_from_timestamp(NULL);
 SELECT * FROM snowid_decode(NULL);
 SELECT count(*) FROM snowid_next_batch(NULL);
-SELECT snowid_to_base32(NULL), snowid_from_base32(NULL), snowid_wait_ready(NULL), snowid_convert_column(NULL);
+SELECT snowid_to_base32(NULL), snowid_from_base32(NULL), snowid_wait_ready(NULL);

@@ -52,3 +52,24 @@ INSERT INTO tickets (title) VALUES ('first');
 SELECT snowid_convert_column('tickets', 'id');
 SELECT column_default, is_identity, is_nullable FROM information_schema.columns
  WHERE table_name = 'tickets' AND column_name = 'id';
+-- GENERATED ALWAYS went with the identity: an explicit id is accepted now.
+INSERT INTO tickets (id, title) VALUES (42, 'explicit');
+-- A partitioned table, converted with all its partitions by a role that owns it, no superuser.
+CREATE ROLE app_owner;
+GRANT CREATE ON SCHEMA public TO app_owner;
+SET ROLE app_owner;
+CREATE TABLE readings (id bigserial, taken date NOT NULL) PARTITION BY RANGE (taken);
+CREATE TABLE readings_2026 PARTITION OF readings FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+SELECT snowid_convert_column('readings');
+RESET ROLE;
+SELECT table_name, column_default FROM information_schema.columns
+ WHERE table_name LIKE 'readings%' AND column_name = 'id' ORDER BY table_name;
+-- Other defaults are replaced; a column without one gets one; a rollback undoes the conversion.
+CREATE TABLE notes (id bigint DEFAULT 0, note_id bigint);
+SELECT snowid_convert_column('notes');
+SELECT snowid_convert_column('notes', 'note_id');
+CREATE TABLE drafts (id bigserial);
+BEGIN;
+SELECT snowid_convert_column('drafts');
+ROLLBACK;
+SELECT column_default FROM information_schema.columns WHERE table_name = 'drafts';
