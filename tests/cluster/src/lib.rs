@@ -71,6 +71,24 @@ impl Cluster {
         }
     }
 
+    /// A running server named `name` that preloads snowid with worker id `worker_id` and then
+    /// `settings` (with `fake_clock`, like [`Cluster::start_with_fake_clock`]), snowid created in its
+    /// database `postgres`, the lease database by default, and the lease held; and a session to it.
+    pub fn start_leased(
+        name: &str,
+        worker_id: u16,
+        settings: &[&str],
+        fake_clock: bool,
+    ) -> (Cluster, Client) {
+        let worker_setting = format!("snowid.worker_id = {worker_id}");
+        let cluster =
+            Cluster::start_preloading_snowid(name, &[&worker_setting], settings, fake_clock);
+        let mut client = cluster.connect();
+        client.batch_execute("CREATE EXTENSION snowid").unwrap();
+        assert_eq!(cluster.wait_for_lease(&mut client), "held", "{name}");
+        (cluster, client)
+    }
+
     /// Like [`Cluster::start`], with the cluster's directory on `volume`.
     pub fn start_on(volume: &Volume, name: &str, settings: &[&str]) -> Cluster {
         Cluster::create(&volume.mount, name, settings, false)

@@ -20,17 +20,10 @@ struct Inserts {
 
 #[test]
 fn converting_a_bigserial_table_under_inserts_loses_and_repeats_nothing() {
-    let cluster = Cluster::start_preloading_snowid(
-        "convert",
-        &["snowid.worker_id = 17", "snowid.database = 'postgres'"],
-        &[],
-        false,
-    );
-    let mut admin = cluster.connect();
+    let (cluster, mut admin) = Cluster::start_leased("convert", 17, &[], false);
     admin
         .batch_execute(&format!(
-            "CREATE EXTENSION snowid;
-             CREATE TABLE orders (id bigserial PRIMARY KEY, session int NOT NULL, n int NOT NULL);
+            "CREATE TABLE orders (id bigserial PRIMARY KEY, session int NOT NULL, n int NOT NULL);
              INSERT INTO orders (session, n) SELECT -1, n FROM generate_series(1, {OLD_ROWS}) n;"
         ))
         .unwrap();
@@ -147,17 +140,10 @@ fn converting_a_bigserial_table_under_inserts_loses_and_repeats_nothing() {
 
 #[test]
 fn a_value_committed_while_the_conversion_waits_for_its_lock_stops_it() {
-    let cluster = Cluster::start_preloading_snowid(
-        "convert-race",
-        &["snowid.worker_id = 17", "snowid.database = 'postgres'"],
-        &[],
-        false,
-    );
-    let mut admin = cluster.connect();
+    let (cluster, mut admin) = Cluster::start_leased("convert-race", 17, &[], false);
     admin
         .batch_execute(
-            "CREATE EXTENSION snowid;
-             CREATE TABLE orders (id bigserial PRIMARY KEY);
+            "CREATE TABLE orders (id bigserial PRIMARY KEY);
              INSERT INTO orders DEFAULT VALUES;",
         )
         .unwrap();

@@ -30,12 +30,7 @@ fn server(name: &str, settings: &[&str]) -> (Cluster, Client) {
 }
 
 fn server_with_clock(name: &str, settings: &[&str], fake_clock: bool) -> (Cluster, Client) {
-    let worker_setting = format!("snowid.worker_id = {WORKER_ID}");
-    let cluster = Cluster::start_preloading_snowid(name, &[&worker_setting], settings, fake_clock);
-    let mut client = cluster.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
-    assert_eq!(cluster.wait_for_lease(&mut client), "held", "{name}");
-    (cluster, client)
+    Cluster::start_leased(name, WORKER_ID, settings, fake_clock)
 }
 
 /// A server with the shortest lease.

@@ -24,15 +24,7 @@ const MARCH_1: i64 = 59;
 /// in days since snowid's epoch. The last minute of a day is waited out first, so that every id the
 /// test makes by `snowid_next()` falls in the day returned.
 fn server_and_today(name: &str) -> (Cluster, Client, i64) {
-    let cluster = Cluster::start_preloading_snowid(
-        name,
-        &["snowid.worker_id = 17", "snowid.database = 'postgres'"],
-        &["timezone = 'UTC'"],
-        false,
-    );
-    let mut client = cluster.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
-    assert_eq!(cluster.wait_for_lease(&mut client), "held");
+    let (cluster, mut client) = Cluster::start_leased(name, 17, &["timezone = 'UTC'"], false);
     let left_today = 86_400_000 - unix_ms() % 86_400_000;
     if left_today < 60_000 {
         std::thread::sleep(Duration::from_millis(left_today as u64 + 1_000));

@@ -20,6 +20,13 @@ fn server_waiting_for_its_registry(name: &str) -> (Cluster, postgres::Client) {
     (cluster, client)
 }
 
+fn wait_ready(client: &mut postgres::Client, timeout: &str) -> bool {
+    client
+        .query_one("SELECT snowid_wait_ready($1::text::interval)", &[&timeout])
+        .unwrap()
+        .get(0)
+}
+
 fn issued(client: &mut postgres::Client) -> (i64, Option<i64>) {
     let row = client
         .query_one("SELECT ids_issued, last_id FROM snowid_status()", &[])
@@ -31,10 +38,7 @@ fn issued(client: &mut postgres::Client) -> (i64, Option<i64>) {
 fn false_after_the_timeout_then_true_once_the_lease_is_held() {
     let (cluster, mut client) = server_waiting_for_its_registry("ready");
     let started = Instant::now();
-    let ready: bool = client
-        .query_one("SELECT snowid_wait_ready('1.5 seconds')", &[])
-        .unwrap()
-        .get(0);
+    let ready = wait_ready(&mut client, "1.5 seconds");
     let waited = started.elapsed();
     assert!(!ready);
     assert!(
@@ -46,10 +50,7 @@ fn false_after_the_timeout_then_true_once_the_lease_is_held() {
         let waiter = scope.spawn(|| {
             let mut client = cluster.connect();
             let started = Instant::now();
-            let ready: bool = client
-                .query_one("SELECT snowid_wait_ready('30 seconds')", &[])
-                .unwrap()
-                .get(0);
+            let ready = wait_ready(&mut client, "30 seconds");
             (ready, started.elapsed())
         });
         std::thread::sleep(Duration::from_millis(500));
@@ -66,11 +67,7 @@ fn false_after_the_timeout_then_true_once_the_lease_is_held() {
         became_ready.1
     );
     assert_eq!(issued(&mut client), (0, None), "waiting issued no id");
-    let ready_at_once: bool = client
-        .query_one("SELECT snowid_wait_ready('0')", &[])
-        .unwrap()
-        .get(0);
-    assert!(ready_at_once);
+    assert!(wait_ready(&mut client, "0"));
     let worker_id: i32 = client
         .query_one("SELECT snowid_worker_id(snowid_next())", &[])
         .unwrap()
@@ -181,23 +178,9 @@ fn a_server_that_can_never_issue_says_why_at_once() {
     }
 }
 
-fn wait_ready(client: &mut postgres::Client, timeout: &str) -> bool {
-    client
-        .query_one("SELECT snowid_wait_ready($1::text::interval)", &[&timeout])
-        .unwrap()
-        .get(0)
-}
-
 #[test]
 fn false_on_a_standby_and_true_once_it_is_promoted_after_a_clean_switchover() {
-    let primary = Cluster::start_preloading_snowid(
-        "ready-primary",
-        &["snowid.worker_id = 7", "snowid.database = 'postgres'"],
-        &[],
-        false,
-    );
-    let mut client = primary.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let (primary, mut client) = Cluster::start_leased("ready-primary", 7, &[], false);
     assert!(wait_ready(&mut client, "15 seconds"));
     let standby = primary.standby_of("ready-standby");
     let mut on_standby = standby.connect();
@@ -215,14 +198,7 @@ fn false_on_a_standby_and_true_once_it_is_promoted_after_a_clean_switchover() {
 
 #[test]
 fn false_while_the_clock_is_behind_the_ids_issued_and_true_once_it_is_back() {
-    let cluster = Cluster::start_preloading_snowid(
-        "ready-clock",
-        &["snowid.worker_id = 8", "snowid.database = 'postgres'"],
-        &[],
-        true,
-    );
-    let mut client = cluster.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let (cluster, mut client) = Cluster::start_leased("ready-clock", 8, &[], true);
     assert!(wait_ready(&mut client, "15 seconds"));
     client.batch_execute("SELECT snowid_next()").unwrap();
     cluster.set_clock_offset("-10");
