@@ -202,6 +202,7 @@ fn snowid_status() -> TableIterator<
         name!(registry, String),
         name!(high_water_mark, Option<TimestampWithTimeZone>),
         name!(last_error, Option<String>),
+        name!(ceiling_waits, i64),
     ),
 > {
     let Some(state) = shmem::issuing_state() else {
@@ -233,5 +234,6 @@ fn snowid_status() -> TableIterator<
         (lease.high_water_ms != 0)
             .then(|| timestamp_of_millis(lease.high_water_ms.min(layout::MAX_MILLIS))),
         text(lease.last_error.as_str()),
+        count(snapshot.ceiling_waits),
     ))
 }

@@ -9,7 +9,7 @@
 //! reservation.
 //!
 //! The file names the holder that wrote it. A copy of the data directory is another holder (see
-//! `worker::Claimant`), so a copy never takes the original's ceiling for its own.
+//! `claimant::Claimant`), so a copy never takes the original's ceiling for its own.
 
 use std::fs::{self, File};
 use std::io::Write;

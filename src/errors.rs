@@ -72,7 +72,7 @@ impl SnowidError {
                     ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                     format!(
                         "snowid refuses to issue ids: {}",
-                        lease::refusal_reason(&status, worker_id)
+                        lease::refusal_reason(&status, worker_id, SystemClock.monotonic_ns())
                     ),
                     function,
                 )
@@ -81,6 +81,18 @@ impl SnowidError {
                     Some(detail) => report.set_detail(detail),
                     None => report,
                 }
+            }
+            SnowidError::Refused(Refused { refusal: Refusal::BoundReached, .. }) => {
+                let status = shmem::lease_status();
+                ErrorReport::new(
+                    ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!(
+                        "snowid refuses to issue ids: {}",
+                        lease::bound_reason(&status, status.worker_id.or(gucs::worker_id()))
+                    ),
+                    function,
+                )
+                .set_hint("Issuing resumes by itself once the lease worker records a new bound; snowid_status() and the server log say more.")
             }
             SnowidError::Refused(Refused { refusal: Refusal::ClockBehind { by_ms }, first_of_episode }) => clock_refusal(
                 format!(": the system clock is {by_ms} ms behind the ids already issued for this worker id"),

@@ -15,6 +15,10 @@
 //!
 //! A wait never outlasts `max_backward_ms + STALLED_CLOCK_MS` of monotonic time: a wall clock that does
 //! not move is refused rather than spun on forever.
+//!
+//! A third wait is the lease's: a caller that reaches the ceiling the lease worker moves on (see
+//! [`Grant::moves_up_to_ms`]) sleeps until the worker has moved it, or until the lease's deadline,
+//! where it is refused.
 
 use crate::layout::{
     self, TimestampOutOfRange, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS,
@@ -24,6 +28,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long, beyond the permitted step back, a wait may last before the wall clock counts as stuck.
 const STALLED_CLOCK_MS: u64 = 10;
+
+/// How often a caller waiting at the ceiling looks whether the lease worker has moved it on.
+const CEILING_POLL: Duration = Duration::from_millis(5);
 
 pub trait Clock {
     /// Wall-clock time in Unix milliseconds; this is what goes into ids.
@@ -63,8 +70,13 @@ pub trait Waiter {
 /// lease is back, succeeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// This server does not hold a lease on a worker id that lets it issue now.
+    /// This server does not hold a lease on a worker id that lets it issue now: the gate is closed,
+    /// or the lease's deadline has passed.
     NotLeased,
+    /// The lease holds, but the clock has reached the bound of its grant, which the lease worker
+    /// does not move on by itself: a ceiling it could not record, or a reservation the clock ran
+    /// past.
+    BoundReached,
     /// The clock reads `by_ms` milliseconds earlier than the ids already issued allow.
     ClockBehind { by_ms: u64 },
     /// The lease was just taken and the clock is `by_ms` milliseconds short of its floor: the ids
@@ -139,6 +151,11 @@ pub struct Grant {
     pub worker_id: u16,
     pub floor_ms: Option<u64>,
     pub reserved_until_ms: u64,
+    /// How far the lease worker moves `reserved_until_ms` on by itself while the lease holds (the
+    /// ceiling it keeps ahead of the clock, up to the reservation): a caller that reaches the bound
+    /// while the clock reads below this waits for the worker, until the deadline, rather than being
+    /// refused. At most `reserved_until_ms` (0, say) where nothing moves it.
+    pub moves_up_to_ms: u64,
     pub deadline_ns: u64,
 }
 
@@ -152,10 +169,13 @@ pub struct IssuingState {
     /// `reserved_until_ms << 10 | worker_id`; 0 while closed.
     gate: AtomicU64,
     gate_deadline_ns: AtomicU64,
+    /// The grant's `moves_up_to_ms`; 0 while closed.
+    gate_moves_up_to_ms: AtomicU64,
     ids_issued: AtomicU64,
     sequence_overflow_waits: AtomicU64,
     clock_backward_waits: AtomicU64,
     clock_backward_refusals: AtomicU64,
+    ceiling_waits: AtomicU64,
     /// The last stamp for which a refusal was counted as an episode.
     refused_at_stamp: AtomicU64,
     /// Written only by `open_gate`, which the lease worker alone calls.
@@ -183,6 +203,8 @@ pub struct Snapshot {
     pub sequence_overflow_waits: u64,
     pub clock_backward_waits: u64,
     pub clock_backward_refusals: u64,
+    /// Calls that waited for the lease worker to move the ceiling on.
+    pub ceiling_waits: u64,
 }
 
 impl IssuingState {
@@ -199,6 +221,7 @@ impl IssuingState {
         // The millisecond this caller waits for, and since when. Others may claim the whole of it
         // first; the caller then waits for the next one, afresh.
         let mut overflow_wait: Option<(u64, u64)> = None;
+        let mut waited_at_ceiling = false;
         loop {
             // Time spent waiting is read before the wall clock, so that a caller paused between the
             // two reads sees the wall clock move on rather than taking the pause for a stuck clock.
@@ -211,10 +234,21 @@ impl IssuingState {
                 Next::Claim(mut run) => {
                     // After the wall clock was read, so that `close_gate` can bound what slips past.
                     let gate = self.gate.load(Ordering::SeqCst);
-                    if now >= gate >> WORKER_ID_BITS
-                        || clock.monotonic_ns() >= self.gate_deadline_ns.load(Ordering::SeqCst)
-                    {
+                    let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
+                    let monotonic_ns = clock.monotonic_ns();
+                    if monotonic_ns >= deadline_ns {
                         return Err(self.refused(Refusal::NotLeased, last));
+                    }
+                    if now >= gate >> WORKER_ID_BITS {
+                        if now >= self.gate_moves_up_to_ms.load(Ordering::SeqCst) {
+                            return Err(self.refused(Refusal::BoundReached, last));
+                        }
+                        if !std::mem::replace(&mut waited_at_ceiling, true) {
+                            self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let until_deadline = Duration::from_nanos(deadline_ns - monotonic_ns);
+                        waiter.sleep(CEILING_POLL.min(until_deadline));
+                        continue;
                     }
                     run.worker_id = (gate & u64::from(MAX_WORKER_ID)) as u16;
                     if self
@@ -296,7 +330,7 @@ impl IssuingState {
 
     fn refused(&self, refusal: Refusal, last: u64) -> Refused {
         let first_of_episode = match refusal {
-            Refusal::NotLeased => false,
+            Refusal::NotLeased | Refusal::BoundReached => false,
             _ => self.refused_at_stamp.swap(last, Ordering::Relaxed) != last,
         };
         Refused {
@@ -337,6 +371,8 @@ impl IssuingState {
         }
         self.gate_deadline_ns
             .store(grant.deadline_ns, Ordering::SeqCst);
+        self.gate_moves_up_to_ms
+            .store(grant.moves_up_to_ms, Ordering::SeqCst);
         let reserved = grant.reserved_until_ms.min(MAX_MILLIS + 1);
         self.gate.store(
             reserved << WORKER_ID_BITS | u64::from(grant.worker_id),
@@ -349,6 +385,7 @@ impl IssuingState {
     pub fn close_gate(&self, clock: &impl Clock) -> u64 {
         self.gate.store(0, Ordering::SeqCst);
         self.gate_deadline_ns.store(0, Ordering::SeqCst);
+        self.gate_moves_up_to_ms.store(0, Ordering::SeqCst);
         let now = layout::millis_since_epoch(clock.unix_millis()).unwrap_or(0);
         let last = layout::stamp_millis(self.last_stamp.load(Ordering::SeqCst));
         now.max(last) + 1
@@ -381,6 +418,7 @@ impl IssuingState {
             sequence_overflow_waits: self.sequence_overflow_waits.load(Ordering::Relaxed),
             clock_backward_waits: self.clock_backward_waits.load(Ordering::Relaxed),
             clock_backward_refusals: self.clock_backward_refusals.load(Ordering::Relaxed),
+            ceiling_waits: self.ceiling_waits.load(Ordering::Relaxed),
         }
     }
 }
@@ -487,6 +525,7 @@ mod tests {
         worker_id: 17,
         floor_ms: None,
         reserved_until_ms: MAX_MILLIS + 1,
+        moves_up_to_ms: 0,
         deadline_ns: u64::MAX,
     };
 
@@ -530,12 +569,98 @@ mod tests {
         let clock = ScriptedClock::new(&[T]);
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         clock.then(&[T + 1]);
-        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::BoundReached));
+        assert!(waiter.slept.borrow().is_empty(), "nothing moves the bound");
         state.open_gate(&Grant {
             reserved_until_ms: T + 30_000,
             ..OPEN
         });
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 0)));
+        assert_eq!(state.snapshot().ceiling_waits, 0);
+    }
+
+    /// A lease worker that moves the ceiling on to `reserved_until_ms` after a caller slept
+    /// `sleeps` times.
+    struct LateWorker<'a> {
+        state: &'a IssuingState,
+        sleeps: Cell<u32>,
+        moves_after: u32,
+        reserved_until_ms: u64,
+        slept: RefCell<Vec<Duration>>,
+    }
+
+    impl Waiter for LateWorker<'_> {
+        fn sleep(&self, duration: Duration) {
+            self.slept.borrow_mut().push(duration);
+            self.sleeps.set(self.sleeps.get() + 1);
+            if self.sleeps.get() == self.moves_after {
+                self.state.open_gate(&Grant {
+                    reserved_until_ms: self.reserved_until_ms,
+                    moves_up_to_ms: T + 30_000,
+                    ..OPEN
+                });
+            }
+        }
+        fn check_interrupts(&self) {}
+    }
+
+    #[test]
+    fn a_caller_at_the_ceiling_waits_for_the_worker_to_move_it() {
+        let state = IssuingState::default();
+        state.open_gate(&Grant {
+            reserved_until_ms: T + 1,
+            moves_up_to_ms: T + 30_000,
+            ..OPEN
+        });
+        let clock = ScriptedClock::new(&[T + 1]);
+        let worker = LateWorker {
+            state: &state,
+            sleeps: Cell::new(0),
+            moves_after: 3,
+            reserved_until_ms: T + 1_001,
+            slept: RefCell::default(),
+        };
+        let run = state.issue(&clock, &worker, 1, 5).unwrap();
+        assert_eq!(run.first, stamp(T + 1, 0));
+        assert_eq!(*worker.slept.borrow(), vec![CEILING_POLL; 3]);
+        assert_eq!(
+            state.snapshot().ceiling_waits,
+            1,
+            "one wait, however many sleeps"
+        );
+        // Beyond what the worker moves the ceiling up to, nobody waits.
+        clock.then(&[T + 30_000]);
+        assert_eq!(
+            state
+                .issue(&clock, &worker, 1, 5)
+                .map_err(|refused| refused.refusal),
+            Err(Refusal::BoundReached)
+        );
+        assert_eq!(worker.sleeps.get(), 3);
+    }
+
+    #[test]
+    fn a_wait_at_the_ceiling_ends_at_the_deadline() {
+        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
+        // The scripted monotonic clock reads 100 µs more at every look: the deadline comes at the
+        // tenth.
+        state.open_gate(&Grant {
+            reserved_until_ms: T + 1,
+            moves_up_to_ms: T + 30_000,
+            deadline_ns: 1_000_000,
+            ..OPEN
+        });
+        let clock = ScriptedClock::new(&[T + 1]);
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
+        let slept = waiter.slept.borrow();
+        assert_eq!(slept.len(), 9);
+        assert_eq!(
+            slept[0],
+            Duration::from_micros(900),
+            "never past the deadline"
+        );
+        assert_eq!(slept[8], Duration::from_micros(100));
+        assert_eq!(state.snapshot().ceiling_waits, 1);
     }
 
     #[test]
@@ -595,7 +720,7 @@ mod tests {
         assert!(!state.would_issue(&clock));
         clock.then(&[T + 20]);
         assert!(!state.would_issue(&clock));
-        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::BoundReached));
         state.open_gate(&Grant {
             reserved_until_ms: T + 30,
             deadline_ns: 0,

@@ -72,6 +72,14 @@ impl Timing {
     pub fn ceiling_check_every(lead: Duration) -> Duration {
         lead / 4
     }
+
+    /// A renewal, a ceiling write or a late wake-up of the worker that takes longer than this is
+    /// logged: half the headroom the ceiling has left when the worker moves it on. Past the whole
+    /// headroom callers wait at the ceiling. A shared registry, with no ceiling, is held to the
+    /// same time.
+    pub fn slow_after(&self) -> Duration {
+        Timing::ceiling_refresh_below(self.ceiling_lead.unwrap_or(CEILING_LEAD)) / 2
+    }
 }
 
 /// What the lease worker is doing, for refusals and `snowid_status()`.
@@ -161,6 +169,8 @@ pub struct Status {
     pub incarnation: u64,
     /// The tenure of the grant the gate was last opened with (see `floor_of_grant`).
     pub applied_tenure: Option<i64>,
+    /// When the claim behind the lease held was sent (CLOCK_MONOTONIC ns; 0: none yet).
+    pub renewed_ns: u64,
     /// When the lease worker last started unplanned (CLOCK_MONOTONIC ns; 0: never, or planned), so
     /// that a worker failing at once is restarted at most once a second.
     pub worker_started_ns: u64,
@@ -169,9 +179,10 @@ pub struct Status {
     pub connect_pending: bool,
 }
 
-/// Why an id was refused, for a server whose gate is closed. `worker_id` is `None` for a server that
-/// leases any free worker id and has none yet.
-pub fn refusal_reason(status: &Status, worker_id: Option<u16>) -> String {
+/// Why an id was refused, for a server whose gate is closed or whose lease ran out. `worker_id` is
+/// `None` for a server that leases any free worker id and has none yet; `now_ns` is
+/// CLOCK_MONOTONIC.
+pub fn refusal_reason(status: &Status, worker_id: Option<u16>, now_ns: u64) -> String {
     let worker_id = worker_id.map_or("a worker id".to_string(), |id| format!("worker id {id}"));
     let error = status.last_error.as_str();
     let because = if error.is_empty() {
@@ -202,7 +213,8 @@ pub fn refusal_reason(status: &Status, worker_id: Option<u16>) -> String {
             format_unix_ms(status.unreachable_since)
         ),
         State::Held => format!(
-            "the lease on {worker_id} ran out before the lease worker could renew it{because}"
+            "the lease on {worker_id} ran out: the lease worker has not renewed it for {:.2} s{because}",
+            Duration::from_nanos(now_ns.saturating_sub(status.renewed_ns)).as_secs_f64()
         ),
         State::Released => format!("the lease on {worker_id} was released: the server is shutting down"),
     }
@@ -215,13 +227,28 @@ pub fn refusal_detail(status: &Status) -> Option<&'static str> {
     )
 }
 
-/// What the operator can do about a refusal for a closed gate.
+/// Why the lease holds and still no id passes: the clock reached the bound of the grant, which
+/// the lease worker does not move on by itself (see `generator::Refusal::BoundReached`).
+pub fn bound_reason(status: &Status, worker_id: Option<u16>) -> String {
+    let worker_id = worker_id.map_or("a worker id".to_string(), |id| format!("worker id {id}"));
+    match status.last_error.as_str() {
+        "" => format!(
+            "the clock has passed the time reserved for the ids of {worker_id}, and issuing resumes at the lease's next renewal"
+        ),
+        error => format!(
+            "the ceiling of {worker_id} is reached, and the lease worker cannot move it on: {error}"
+        ),
+    }
+}
+
+/// What the operator can do about a refusal for a closed gate or a lease that ran out.
 pub fn refusal_hint(status: &Status, worker_id: Option<u16>) -> String {
     match (status.state, worker_id) {
         (State::HeldByOther, Some(worker_id)) if status.handover_needed => format!(
             "Give this server another snowid.worker_id and restart it, or, once {} is stopped for good, run SELECT snowid_handover({worker_id}) on this server.",
             status.holder.as_str()
         ),
+        (State::Held, _) => "The lease worker is held up (stopped, or starved of CPU or disk); issuing resumes by itself once it renews the lease. The server log says more.".into(),
         _ => "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.".into(),
     }
 }
@@ -496,14 +523,13 @@ mod tests {
             Timing::ceiling_check_every(CEILING_LEAD),
             Duration::from_millis(250)
         );
-        assert_eq!(
-            Timing {
-                ttl: Duration::from_secs(3),
-                ceiling_lead: None,
-            }
-            .retry_every(),
-            Duration::from_secs(1)
-        );
+        assert_eq!(timing.slow_after(), Duration::from_millis(250));
+        let shared = Timing {
+            ttl: Duration::from_secs(3),
+            ceiling_lead: None,
+        };
+        assert_eq!(shared.retry_every(), Duration::from_secs(1));
+        assert_eq!(shared.slow_after(), Duration::from_millis(250));
     }
 
     fn granted_row(floor_ms: Option<i64>, continued: bool) -> ClaimRow {
@@ -692,39 +718,56 @@ mod tests {
         };
         status.last_error = Text::new("extension snowid is not installed in database \"postgres\"");
         assert_eq!(
-            refusal_reason(&status, Some(7)),
+            refusal_reason(&status, Some(7), 0),
             "the lease on worker id 7 is not acquired yet: extension snowid is not installed in database \"postgres\""
         );
         assert_eq!(
-            refusal_reason(&status, None),
+            refusal_reason(&status, None, 0),
             "the lease on a worker id is not acquired yet: extension snowid is not installed in database \"postgres\""
         );
         status.state = State::HeldByOther;
         status.holder = Text::new("node-a (127.0.0.1:5433)");
         status.expires_at = 1_795_953_600_123;
         assert_eq!(
-            refusal_reason(&status, Some(7)),
+            refusal_reason(&status, Some(7), 0),
             "worker id 7 is leased by another server, node-a (127.0.0.1:5433), until 2026-11-29 12:00:00.123 UTC"
         );
         assert_eq!(
-            refusal_reason(&status, None),
+            refusal_reason(&status, None, 0),
             "no worker id is free: every one of the 1024 is leased by another server"
         );
         status.state = State::RegistryUnreachable;
         status.unreachable_since = 1_795_953_600_000;
         status.last_error = Text::new("connection refused");
         assert_eq!(
-            refusal_reason(&status, Some(7)),
+            refusal_reason(&status, Some(7), 0),
             "the lease registry has been unreachable since 2026-11-29 12:00:00.000 UTC, and the lease on worker id 7 has run out: connection refused"
-        );
-        status.state = State::Held;
-        assert_eq!(
-            refusal_reason(&status, Some(7)),
-            "the lease on worker id 7 ran out before the lease worker could renew it: connection refused"
         );
         assert_eq!(
             refusal_hint(&status, Some(7)),
             "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."
+        );
+        status.state = State::Held;
+        status.renewed_ns = 7_000_000_000;
+        status.last_error = Text::default();
+        assert_eq!(
+            refusal_reason(&status, Some(7), 9_504_999_999),
+            "the lease on worker id 7 ran out: the lease worker has not renewed it for 2.50 s"
+        );
+        assert_eq!(
+            refusal_hint(&status, Some(7)),
+            "The lease worker is held up (stopped, or starved of CPU or disk); issuing resumes by itself once it renews the lease. The server log says more."
+        );
+        assert_eq!(
+            bound_reason(&status, Some(7)),
+            "the clock has passed the time reserved for the ids of worker id 7, and issuing resumes at the lease's next renewal"
+        );
+        status.last_error = Text::new(
+            "could not record the ceiling in snowid.ceiling: No space left on device (os error 28)",
+        );
+        assert_eq!(
+            bound_reason(&status, Some(7)),
+            "the ceiling of worker id 7 is reached, and the lease worker cannot move it on: could not record the ceiling in snowid.ceiling: No space left on device (os error 28)"
         );
     }
 
@@ -756,7 +799,7 @@ mod tests {
             ..Status::default()
         };
         assert_eq!(
-            refusal_reason(&status, Some(5)),
+            refusal_reason(&status, Some(5), 0),
             "worker id 5 is held by node1:5433, another server that has not released it"
         );
         assert_eq!(
@@ -768,7 +811,7 @@ mod tests {
             ..status
         };
         assert_eq!(
-            refusal_reason(&released, Some(5)),
+            refusal_reason(&released, Some(5), 0),
             "worker id 5 was released by node1:5433, and this server may be a copy of it"
         );
         assert_eq!(

@@ -2,11 +2,13 @@
 //!
 //! `layout`, `base32`, `generator`, `lease`, `ceiling` and `conninfo` hold the logic in plain Rust;
 //! `shmem` (shared memory and the server's own functions) and `pq` (libpq) are the only modules with
-//! raw FFI; `gucs`, `errors`, `api`, `registry` and `worker` are thin pgrx glue.
+//! raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are thin pgrx
+//! glue.
 
 mod api;
 mod base32;
 mod ceiling;
+mod claimant;
 mod conninfo;
 mod errors;
 mod generator;
@@ -16,6 +18,7 @@ mod lease;
 mod pq;
 mod registry;
 mod shmem;
+mod signals;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -203,7 +203,7 @@ mod tests {
             "snowid_next() -> bigint",
             "snowid_next_batch(count integer) -> SETOF bigint",
             "snowid_sequence(id bigint) -> integer",
-            "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint, lease_state text, lease_holder text, lease_expires_at timestamp with time zone, registry text, high_water_mark timestamp with time zone, last_error text)",
+            "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint, lease_state text, lease_holder text, lease_expires_at timestamp with time zone, registry text, high_water_mark timestamp with time zone, last_error text, ceiling_waits bigint)",
             "snowid_timestamp(id bigint) -> timestamp with time zone",
             "snowid_to_base32(id bigint) -> text",
             "snowid_wait_ready(timeout interval DEFAULT '00:00:30'::interval) -> boolean",

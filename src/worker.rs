@@ -9,16 +9,17 @@
 //! renews the same lease. Only a server shutdown releases it.
 
 use crate::ceiling::Ceiling;
+use crate::claimant::Claimant;
 use crate::generator::{Clock, Grant, IssuingState, SystemClock};
 use crate::lease::{self, Claim, State, Text, Timing};
 use crate::registry::Registry;
+use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Registers the worker with the postmaster, when there is a worker id to lease and the server is
@@ -36,66 +37,6 @@ pub fn register() {
         // At once: `throttle_restarts` keeps a worker that fails as it starts from spinning.
         .set_restart_time(Some(Duration::ZERO))
         .load();
-}
-
-/// Who claims the lease.
-pub struct Claimant {
-    /// The same for every run of this server, different for any other server or copy of it: the
-    /// system identifier, and a hash of what tells the data directory from every copy of it.
-    pub holder: String,
-    /// Different for every run of this server (every setup of its shared memory).
-    pub incarnation: String,
-    /// For people reading the lease table.
-    pub name: String,
-}
-
-impl Claimant {
-    fn of_this_server() -> Claimant {
-        let server = shmem::server_identity();
-        let place = data_directory_identity(&server.data_directory).unwrap_or_else(|error| {
-            error!("snowid lease worker cannot read the data directory: {error}")
-        });
-        let name = if server.cluster_name.is_empty() {
-            rustix::system::uname()
-                .nodename()
-                .to_string_lossy()
-                .into_owned()
-        } else {
-            server.cluster_name
-        };
-        Claimant {
-            holder: format!(
-                "{}-{:016x}",
-                server.system_identifier,
-                lease::fnv1a(place.as_bytes())
-            ),
-            incarnation: format!("{:016x}", shmem::lease_status().incarnation),
-            name: format!("{name}:{}", server.port),
-        }
-    }
-}
-
-/// What tells a data directory from every copy of it: its device, inode number and birth time
-/// (where the file system records one). A restart keeps them, and so do a new host name or port and
-/// a rename within the file system; a copy, made anew, has another inode number or birth time, and a
-/// snapshot mounted beside the original another device.
-fn data_directory_identity(path: &str) -> std::io::Result<String> {
-    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
-    let stat = statx(
-        CWD,
-        path,
-        AtFlags::empty(),
-        StatxFlags::INO | StatxFlags::BTIME,
-    )?;
-    let born = if stat.stx_mask & StatxFlags::BTIME.bits() != 0 {
-        format!("{}.{:09}", stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec)
-    } else {
-        "unknown".into()
-    };
-    Ok(format!(
-        "device {}:{} inode {} born {born}",
-        stat.stx_dev_major, stat.stx_dev_minor, stat.stx_ino
-    ))
 }
 
 /// The lease this worker holds, as far as the gate goes.
@@ -138,6 +79,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
             status.worker_id
         }),
         holding: None,
+        slowness: Slowness::default(),
     };
     let mut next_claim_ns = 0;
     loop {
@@ -149,11 +91,60 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         if let Some(check_every) = worker.keep_ceiling() {
             pause_ns = pause_ns.min(check_every.as_nanos() as u64);
         }
-        if !wait(Duration::from_nanos(pause_ns)) {
+        worker.slowness.end_turn();
+        let pause = Duration::from_nanos(pause_ns);
+        let paused = Instant::now();
+        if !signals::wait(pause) {
             break;
         }
+        let late = paused.elapsed().saturating_sub(pause);
+        worker.slowness.note(worker.timing, late, |ms| {
+            format!("it woke {ms} ms late (stopped, or starved of CPU)")
+        });
     }
     stop(state, Some(&mut worker));
+}
+
+/// Whether the worker is being held up: a renewal or a ceiling write that took long, or a wake-up
+/// that came late (the process stopped, or starved of CPU). Each episode gets one WARNING.
+#[derive(Default)]
+struct Slowness {
+    warned: bool,
+    slow_this_turn: bool,
+}
+
+impl Slowness {
+    /// Notes a step that took `took` (`what` says it, given the milliseconds), warning if it is the
+    /// first slow step of an episode.
+    fn note(&mut self, timing: Timing, took: Duration, what: impl FnOnce(u128) -> String) {
+        if took <= timing.slow_after() {
+            return;
+        }
+        self.slow_this_turn = true;
+        if std::mem::replace(&mut self.warned, true) {
+            return;
+        }
+        let refused_after = format!(
+            "are refused once the lease has gone {} s without renewal",
+            timing.issuing_window().as_secs_f64()
+        );
+        warning!(
+            "snowid lease worker is held up: {}, more than {} ms; calls to snowid_next() {}",
+            what(took.as_millis()),
+            timing.slow_after().as_millis(),
+            match timing.ceiling_lead {
+                Some(_) => format!("wait while the ceiling is not moved on, and {refused_after}"),
+                None => refused_after,
+            }
+        );
+    }
+
+    /// A turn of the worker's loop with no slow step ends the episode.
+    fn end_turn(&mut self) {
+        if !std::mem::replace(&mut self.slow_this_turn, false) {
+            self.warned = false;
+        }
+    }
 }
 
 /// The lease worker's state between claims.
@@ -170,6 +161,7 @@ struct LeaseWorker {
     /// The worker id to claim: the configured one, or the one last granted; `None` picks any.
     claiming: Option<u16>,
     holding: Option<Holding>,
+    slowness: Slowness,
 }
 
 impl LeaseWorker {
@@ -177,9 +169,13 @@ impl LeaseWorker {
     fn claim(&mut self, sent_ns: u64) -> Duration {
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
         let reserve_until_ms = now_ms + self.timing.ttl.as_millis() as u64;
+        let asked = Instant::now();
         let answer = self
             .registry
             .claim(&self.me, self.claiming, self.timing, reserve_until_ms);
+        self.slowness.note(self.timing, asked.elapsed(), |ms| {
+            format!("claiming the lease took {ms} ms")
+        });
         match answer {
             Ok((
                 Some(worker_id),
@@ -222,6 +218,7 @@ impl LeaseWorker {
                     status.state = State::Held;
                     status.holder = Text::new(&name);
                     status.expires_at = expires_at;
+                    status.renewed_ns = sent_ns;
                     status.high_water_ms = reserved_until_ms;
                     status.unreachable_since = 0;
                     status.handover_needed = false;
@@ -267,7 +264,7 @@ impl LeaseWorker {
             Ok((None, Claim::Granted { .. })) => {
                 unreachable!("a granted lease names its worker id")
             }
-            Err(_) if SHUTTING_DOWN.load(Ordering::Relaxed) => Duration::ZERO,
+            Err(_) if signals::shutting_down() => Duration::ZERO,
             Err(error) => {
                 let first_failure = shmem::update_lease_status(|status| {
                     if status.state != State::Starting {
@@ -315,7 +312,7 @@ impl LeaseWorker {
             .expect("called while the lease is held");
         let Some(lead) = self.timing.ceiling_lead else {
             self.state
-                .open_gate(&grant(held, held.reserved_until_ms, floor_ms));
+                .open_gate(&grant(held, held.reserved_until_ms, 0, floor_ms));
             return None;
         };
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
@@ -332,7 +329,15 @@ impl LeaseWorker {
                 worker_id: held.worker_id,
                 below_ms: wanted,
             };
-            match ceiling.write(&self.data_directory) {
+            let writing = Instant::now();
+            let written = ceiling.write(&self.data_directory);
+            self.slowness.note(self.timing, writing.elapsed(), |ms| {
+                format!(
+                    "recording the ceiling in {} took {ms} ms",
+                    crate::ceiling::FILE_NAME
+                )
+            });
+            match written {
                 Ok(()) => {
                     held.ceiling_ms = wanted;
                     self.recorded = Some(ceiling);
@@ -346,7 +351,15 @@ impl LeaseWorker {
             }
         }
         let reserved = held.reserved_until_ms.min(held.ceiling_ms);
-        self.state.open_gate(&grant(held, reserved, floor_ms));
+        // Callers that reach a ceiling recorded wait for the next one; one that could not be
+        // recorded is a bound until a write succeeds.
+        let moves_up_to = if error.is_none() {
+            held.reserved_until_ms
+        } else {
+            reserved
+        };
+        self.state
+            .open_gate(&grant(held, reserved, moves_up_to, floor_ms));
         error
     }
 
@@ -381,11 +394,17 @@ impl LeaseWorker {
     }
 }
 
-fn grant(held: &Holding, reserved_until_ms: u64, floor_ms: Option<u64>) -> Grant {
+fn grant(
+    held: &Holding,
+    reserved_until_ms: u64,
+    moves_up_to_ms: u64,
+    floor_ms: Option<u64>,
+) -> Grant {
     Grant {
         worker_id: held.worker_id,
         floor_ms,
         reserved_until_ms,
+        moves_up_to_ms,
         deadline_ns: held.deadline_ns,
     }
 }
@@ -402,62 +421,10 @@ fn throttle_restarts() -> bool {
     previous_ns == 0 || since >= second || sleep_unless_stopped(second - since)
 }
 
-/// Sleeps on the latch for all of `duration`, however often it is set meanwhile; false once the
-/// server shuts down (see `sigterm_arrived`).
-pub fn sleep_unless_stopped(duration: Duration) -> bool {
-    let deadline = Instant::now() + duration;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return true;
-        }
-        if !wait(left) {
-            return false;
-        }
-    }
-}
-
-/// Set once SIGTERM came at a server shutdown; the worker then releases its lease and ends.
-static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
-
-/// Waits on the latch for up to `duration`; false once the server shuts down (or the postmaster
-/// died).
-fn wait(duration: Duration) -> bool {
-    if !SHUTTING_DOWN.load(Ordering::Relaxed) && BackgroundWorker::wait_latch(Some(duration)) {
-        return true;
-    }
-    note_sigterm();
-    false
-}
-
-/// Whether a SIGTERM arrived since the last look, for waits on the latch elsewhere. A worker terminated alone ends here, for the postmaster to start a new one that
-/// renews the same lease; at a server shutdown, this remembers it and returns true.
-pub fn sigterm_arrived() -> bool {
-    BackgroundWorker::sigterm_received() && {
-        note_sigterm();
-        true
-    }
-}
-
-fn note_sigterm() {
-    if !server_stopping() {
-        shmem::exit_for_restart();
-    }
-    SHUTTING_DOWN.store(true, Ordering::Relaxed);
-}
-
-/// Whether the postmaster is shutting down, rather than someone terminating this worker alone.
-fn server_stopping() -> bool {
-    let pid_file = Path::new(&shmem::server_identity().data_directory).join("postmaster.pid");
-    std::fs::read_to_string(pid_file).is_ok_and(|text| lease::postmaster_stopping(&text))
-}
-
 /// On SIGTERM: a worker terminated alone leaves for a new one to take over; at a shutdown, it closes
 /// the gate and releases the lease, lowering the mark to just above the last id issued.
 fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
-    if !server_stopping() {
-        shmem::exit_for_restart();
-    }
+    signals::leave_unless_server_stopping();
     let high_water_ms = state.close_gate(&SystemClock);
     shmem::update_lease_status(|status| status.state = State::Released);
     if let Some(worker) = worker {

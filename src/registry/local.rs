@@ -5,7 +5,7 @@ use super::Param;
 use crate::generator::{Clock, SystemClock};
 use crate::lease::{self, ClaimRow, State, Text};
 use crate::shmem;
-use crate::worker::sleep_unless_stopped;
+use crate::signals::sleep_unless_stopped;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;

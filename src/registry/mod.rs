@@ -6,10 +6,10 @@
 mod local;
 mod remote;
 
+use crate::claimant::Claimant;
 use crate::gucs;
 use crate::lease::{self, Claim, ClaimRow, Timing};
 use crate::shmem;
-use crate::worker::Claimant;
 
 pub enum Registry {
     Local(local::Local),

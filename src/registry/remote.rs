@@ -10,7 +10,8 @@ use crate::conninfo::{self, lookup, Options};
 use crate::lease::{self, ClaimRow, Text};
 use crate::pq::{self, Connection, Failure};
 use crate::shmem;
-use crate::worker::{sigterm_arrived, sleep_unless_stopped};
+use crate::signals::{sigterm_arrived, sleep_unless_stopped};
+use pgrx::bgworkers::BackgroundWorker;
 use std::time::{Duration, Instant};
 
 pub struct Remote {
@@ -23,6 +24,9 @@ pub struct Remote {
 impl Remote {
     /// The registry `conninfo` names; `None` when the server shuts down first.
     pub fn open(conninfo: &str) -> Option<Remote> {
+        // Connected to no database, the worker shows in pg_stat_activity, as with the lease table
+        // on this server.
+        BackgroundWorker::connect_worker_to_spi(None, None);
         let Some(options) = pq::parse(conninfo) else {
             // Not libpq's message: it may quote the connection string, password included. Only a
             // restart changes the setting, so wait for one.

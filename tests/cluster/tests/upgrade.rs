@@ -35,7 +35,7 @@ SELECT 'tables pg_dump keeps: ' || extconfig::regclass[]::text FROM pg_extension
  ORDER BY 1";
 
 /// The version `CREATE EXTENSION snowid` installs.
-const CURRENT: &str = "0.4.0";
+const CURRENT: &str = "0.5.0";
 
 /// How many objects a fresh install of the current version has; PostgreSQL 18 also records the
 /// lease table's row type and its array type as members.
@@ -92,6 +92,31 @@ fn updating_from_0_3_0_equals_a_fresh_install_and_keeps_the_data() {
         .get(0);
     assert_eq!(worker_id, 21);
     update_and_compare_with_fresh(&cluster, &mut old, "0.3.0");
+}
+
+#[test]
+fn updating_from_0_4_0_equals_a_fresh_install_and_keeps_the_data() {
+    let (cluster, mut old) = installed("upgrade-0.4.0", "0.4.0");
+    assert_eq!(cluster.wait_for_lease(&mut old), "held");
+    let worker_id: i32 = old
+        .query_one("SELECT snowid_worker_id(snowid_next())", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(worker_id, 21);
+    // The 0.4.0 declaration of snowid_status() still works with the new library: ceiling_waits
+    // comes after the old columns.
+    let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
+    assert_eq!(status.len(), 12);
+    assert_eq!(
+        (status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)),
+        (Some(21), 1)
+    );
+    update_and_compare_with_fresh(&cluster, &mut old, "0.4.0");
+    let waits: i64 = old
+        .query_one("SELECT ceiling_waits FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(waits, 0);
 }
 
 /// A server leasing worker id 21 from its database `upgraded`, where snowid `version` is installed

@@ -1,0 +1,65 @@
+//! Who claims a lease: this server, told apart from every other server and from every copy of its
+//! data directory. The registries send it with each claim; the ceiling file records it.
+
+use crate::{lease, shmem};
+use pgrx::prelude::*;
+
+/// Who claims the lease.
+pub struct Claimant {
+    /// The same for every run of this server, different for any other server or copy of it: the
+    /// system identifier, and a hash of what tells the data directory from every copy of it.
+    pub holder: String,
+    /// Different for every run of this server (every setup of its shared memory).
+    pub incarnation: String,
+    /// For people reading the lease table.
+    pub name: String,
+}
+
+impl Claimant {
+    pub fn of_this_server() -> Claimant {
+        let server = shmem::server_identity();
+        let place = data_directory_identity(&server.data_directory).unwrap_or_else(|error| {
+            error!("snowid lease worker cannot read the data directory: {error}")
+        });
+        let name = if server.cluster_name.is_empty() {
+            rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned()
+        } else {
+            server.cluster_name
+        };
+        Claimant {
+            holder: format!(
+                "{}-{:016x}",
+                server.system_identifier,
+                lease::fnv1a(place.as_bytes())
+            ),
+            incarnation: format!("{:016x}", shmem::lease_status().incarnation),
+            name: format!("{name}:{}", server.port),
+        }
+    }
+}
+
+/// What tells a data directory from every copy of it: its device, inode number and birth time
+/// (where the file system records one). A restart keeps them, and so do a new host name or port and
+/// a rename within the file system; a copy, made anew, has another inode number or birth time, and a
+/// snapshot mounted beside the original another device.
+fn data_directory_identity(path: &str) -> std::io::Result<String> {
+    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
+    let stat = statx(
+        CWD,
+        path,
+        AtFlags::empty(),
+        StatxFlags::INO | StatxFlags::BTIME,
+    )?;
+    let born = if stat.stx_mask & StatxFlags::BTIME.bits() != 0 {
+        format!("{}.{:09}", stat.stx_btime.tv_sec, stat.stx_btime.tv_nsec)
+    } else {
+        "unknown".into()
+    };
+    Ok(format!(
+        "device {}:{} inode {} born {born}",
+        stat.stx_dev_major, stat.stx_dev_minor, stat.stx_ino
+    ))
+}

@@ -1,0 +1,361 @@
+//! A lease worker held up, as a slow `fsync` or a starved CPU holds it, stood in for by SIGSTOP:
+//! with the lease table on the server and with a shared registry. While the lease holds, callers
+//! that reach the ceiling wait for the worker rather than fail; at the lease's deadline they are
+//! refused, saying for how long the worker has not renewed; no id passes the ceiling recorded in
+//! the data directory. Every id is collected: all are distinct and increase.
+
+use postgres::Client;
+use snowid_cluster_tests::{alone, error_text, Cluster, Node};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const WORKER_ID: u16 = 5;
+/// How often the application calls `snowid_next()`.
+const CALL_EVERY: Duration = Duration::from_millis(10);
+
+/// Where the lease table lives.
+#[derive(Clone, Copy, Debug)]
+enum Registry {
+    OnTheServer,
+    Shared,
+}
+
+/// A server issuing under worker id 5 with `settings`, its lease held, and the registry server
+/// when it has one (kept running as long as the server).
+fn leased_server(registry: Registry, settings: &[&str]) -> (Cluster, Client, Option<Cluster>) {
+    match registry {
+        Registry::OnTheServer => {
+            let (cluster, client) = Cluster::start_leased("stopped", WORKER_ID, settings, false);
+            (cluster, client, None)
+        }
+        Registry::Shared => {
+            let shared = Cluster::start("stopped-registry", &[]);
+            shared
+                .connect()
+                .batch_execute("CREATE EXTENSION snowid")
+                .unwrap();
+            let conninfo = format!(
+                "host=127.0.0.1 port={} dbname=postgres user=postgres",
+                shared.port
+            );
+            let node = Node::start("stopped", Some(WORKER_ID), &conninfo, settings);
+            let mut client = node.cluster.connect();
+            assert_eq!(node.cluster.wait_for_lease(&mut client), "held");
+            (node.cluster, client, Some(shared))
+        }
+    }
+}
+
+/// The lease worker's process id, as `pg_stat_activity` shows it in every registry mode.
+fn lease_worker_pid(client: &mut Client) -> i32 {
+    client
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+fn signal(pid: i32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// One call of the application: when it started and ended (Unix ms), and its id or refusal.
+struct Call {
+    started: Instant,
+    took: Duration,
+    ended_unix_ms: i64,
+    result: Result<i64, String>,
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Calls `snowid_next()` every 10 ms while `during` runs, and for a second after; returns the calls.
+fn calls_during(cluster: &Cluster, during: impl FnOnce()) -> Vec<Call> {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let application = scope.spawn(|| {
+            let mut client = cluster.connect();
+            let mut calls = vec![];
+            while !done.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let result = client
+                    .query_one("SELECT snowid_next()", &[])
+                    .map(|row| row.get(0))
+                    .map_err(|error| error_text(&error));
+                calls.push(Call {
+                    started,
+                    took: started.elapsed(),
+                    ended_unix_ms: unix_ms(),
+                    result,
+                });
+                std::thread::sleep(CALL_EVERY.saturating_sub(started.elapsed()));
+            }
+            calls
+        });
+        during();
+        std::thread::sleep(Duration::from_secs(1));
+        done.store(true, Ordering::Relaxed);
+        application.join().unwrap()
+    })
+}
+
+/// When the lease was last renewed, as `snowid_status()` shows its end (Unix ms).
+fn lease_expiry(client: &mut Client) -> i64 {
+    client
+        .query_one(
+            "SELECT (extract(epoch FROM lease_expires_at) * 1000)::bigint FROM snowid_status()",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// Waits for the lease worker's next renewal; returns the lease's new end (Unix ms).
+fn next_renewal(client: &mut Client) -> i64 {
+    let before = lease_expiry(client);
+    let started = Instant::now();
+    loop {
+        let expiry = lease_expiry(client);
+        if expiry != before {
+            return expiry;
+        }
+        assert!(started.elapsed() < Duration::from_secs(11), "no renewal");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The ids issued, in order; each larger than the one before.
+fn increasing_ids(calls: &[Call]) -> Vec<i64> {
+    let ids: Vec<i64> = calls
+        .iter()
+        .filter_map(|call| call.result.clone().ok())
+        .collect();
+    assert!(
+        ids.windows(2).all(|pair| pair[0] < pair[1]),
+        "ids distinct and increasing"
+    );
+    ids
+}
+
+/// The millisecond (since snowid's epoch) below which the server's recorded ceiling lets ids pass.
+fn recorded_ceiling_ms(cluster: &Cluster) -> i64 {
+    let text = std::fs::read_to_string(cluster.dir().join("data/snowid.ceiling")).unwrap();
+    let below = text
+        .lines()
+        .find_map(|line| line.strip_prefix("below_ms "))
+        .expect("a ceiling file");
+    below.parse().unwrap()
+}
+
+fn millis_of(id: i64) -> i64 {
+    id >> 22
+}
+
+fn counter(client: &mut Client, column: &str) -> i64 {
+    client
+        .query_one(&format!("SELECT {column} FROM snowid_status()"), &[])
+        .unwrap()
+        .get(0)
+}
+
+/// The worker stopped for 5 s, with the default `snowid.lease_ttl` of 30 s: no call fails; with the
+/// lease table on the server, the call that reached the ceiling waited for the worker, about as
+/// long as it was stopped, and every id issued meanwhile is below the ceiling recorded.
+fn stopped_for_five_seconds(registry: Registry) {
+    let _machine = alone();
+    let (cluster, mut client, _shared) = leased_server(registry, &[]);
+    let pid = lease_worker_pid(&mut client);
+    let stop = Duration::from_secs(5);
+    let mut ceiling_during_stop = None;
+    let mut resumed = None;
+    let calls = calls_during(&cluster, || {
+        // Stopped 7 s after a renewal: the next one, due 10 s after it, comes 2 s late.
+        let expiry = next_renewal(&mut client);
+        let renewed_unix_ms = expiry - 30_000;
+        let stop_at = renewed_unix_ms + 7_000;
+        std::thread::sleep(Duration::from_millis((stop_at - unix_ms()).max(0) as u64));
+        signal(pid, "-STOP");
+        std::thread::sleep(Duration::from_millis(100));
+        if matches!(registry, Registry::OnTheServer) {
+            ceiling_during_stop = Some(recorded_ceiling_ms(&cluster));
+        }
+        std::thread::sleep(stop - Duration::from_millis(100));
+        resumed = Some(Instant::now());
+        signal(pid, "-CONT");
+    });
+    let failed: Vec<&String> = calls
+        .iter()
+        .filter_map(|call| call.result.as_ref().err())
+        .collect();
+    assert!(failed.is_empty(), "{registry:?}: failed calls: {failed:?}");
+    let ids = increasing_ids(&calls);
+    let longest = calls.iter().map(|call| call.took).max().unwrap();
+    println!(
+        "{registry:?}: the lease worker stopped for {stop:?}: {} calls, 0 failed, the longest took {longest:?}",
+        calls.len()
+    );
+    assert!(longest <= stop + Duration::from_millis(500), "{longest:?}");
+    let waits = counter(&mut client, "ceiling_waits");
+    match ceiling_during_stop {
+        Some(ceiling_ms) => {
+            // The ceiling runs at most a second ahead: the call that met it waited for the worker.
+            assert!(longest >= stop - Duration::from_millis(1500), "{longest:?}");
+            assert_eq!(waits, 1, "one call waited");
+            let resumed = resumed.unwrap();
+            let before_resume = calls
+                .iter()
+                .filter(|call| call.started + call.took < resumed)
+                .filter_map(|call| call.result.clone().ok());
+            for id in before_resume {
+                assert!(
+                    millis_of(id) < ceiling_ms,
+                    "{id} passed the ceiling {ceiling_ms}"
+                );
+            }
+        }
+        None => assert_eq!(waits, 0, "no ceiling to wait at"),
+    }
+    assert!(ids.len() >= 1000, "{} ids", ids.len());
+    let warnings: Vec<String> = cluster
+        .log()
+        .lines()
+        .filter(|line| line.contains("WARNING:  snowid lease worker is held up"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let expected_tail = match registry {
+        Registry::OnTheServer => {
+            "ms late (stopped, or starved of CPU), more than 250 ms; calls to \
+             snowid_next() wait while the ceiling is not moved on, and are refused once the lease \
+             has gone 25 s without renewal"
+        }
+        Registry::Shared => {
+            "ms late (stopped, or starved of CPU), more than 250 ms; calls to \
+             snowid_next() are refused once the lease has gone 25 s without renewal"
+        }
+    };
+    assert!(warnings[0].ends_with(expected_tail), "{}", warnings[0]);
+}
+
+#[test]
+fn a_lease_worker_stopped_for_five_seconds_costs_callers_a_wait_never_an_error() {
+    stopped_for_five_seconds(Registry::OnTheServer);
+}
+
+#[test]
+fn with_a_shared_registry_a_lease_worker_stopped_for_five_seconds_costs_nothing() {
+    stopped_for_five_seconds(Registry::Shared);
+}
+
+/// The refusal of a lease whose worker has not renewed it for `seconds`.
+fn ran_out_refusal(seconds: &str) -> String {
+    format!(
+        "55000: snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out: the lease \
+         worker has not renewed it for {seconds} s HINT: The lease worker is held up (stopped, or \
+         starved of CPU or disk); issuing resumes by itself once it renews the lease. The server \
+         log says more."
+    )
+}
+
+/// The worker stopped past the end of a 3 s lease: calls go on (waiting at the ceiling, with the
+/// lease table on the server) until the deadline, 2.5 s after the last renewal, and are refused
+/// from then on; once the worker runs again, issuing resumes above every id before.
+fn stopped_past_the_deadline(registry: Registry) {
+    let _machine = alone();
+    let (cluster, mut client, _shared) = leased_server(registry, &["snowid.lease_ttl = 3"]);
+    let pid = lease_worker_pid(&mut client);
+    // Stopped just after a renewal, so that the status shows the renewal the deadline counts from.
+    next_renewal(&mut client);
+    std::thread::sleep(Duration::from_millis(50));
+    signal(pid, "-STOP");
+    let expires_at = lease_expiry(&mut client);
+    let deadline_unix_ms = expires_at - 500;
+    let ceiling_ms =
+        matches!(registry, Registry::OnTheServer).then(|| recorded_ceiling_ms(&cluster));
+    let calls = calls_during(&cluster, || std::thread::sleep(Duration::from_secs(3)));
+    signal(pid, "-CONT");
+
+    let first_refused = calls
+        .iter()
+        .position(|call| call.result.is_err())
+        .expect("refusals once the lease ran out");
+    assert!(
+        calls[first_refused..]
+            .iter()
+            .all(|call| call.result.is_err()),
+        "{registry:?}: refused from the deadline on"
+    );
+    let refusal = calls[first_refused].result.as_ref().unwrap_err();
+    let seconds = refusal
+        .strip_prefix(&format!(
+            "55000: snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out: the \
+             lease worker has not renewed it for "
+        ))
+        .and_then(|rest| rest.split_once(" s HINT"))
+        .map(|(seconds, _)| seconds.to_string())
+        .unwrap_or_else(|| panic!("{registry:?}: {refusal}"));
+    assert_eq!(refusal, &ran_out_refusal(&seconds));
+    let since_renewal: f64 = seconds.parse().unwrap();
+    let off_ms = calls[first_refused].ended_unix_ms - deadline_unix_ms;
+    println!(
+        "{registry:?}: the first refusal came {off_ms} ms from the deadline, saying {since_renewal} s \
+         since the renewal; {first_refused} calls issued before it"
+    );
+    assert!((2.5..=2.65).contains(&since_renewal), "{since_renewal}");
+    assert!(
+        (-150..=150).contains(&off_ms),
+        "{registry:?}: {off_ms} ms off"
+    );
+    assert!(first_refused > 0, "calls issued until the deadline");
+    let ids = increasing_ids(&calls);
+    if let Some(ceiling_ms) = ceiling_ms {
+        // The last call before the refusals waited at the ceiling until the deadline.
+        let waited = calls[first_refused].took;
+        assert!(waited >= Duration::from_millis(1000), "{waited:?}");
+        for &id in &ids {
+            assert!(
+                millis_of(id) < ceiling_ms,
+                "{id} passed the ceiling {ceiling_ms}"
+            );
+        }
+    }
+
+    // Running again, the worker renews: issuing resumes above every id before.
+    let started = Instant::now();
+    let id = loop {
+        match client.query_one("SELECT snowid_next()", &[]) {
+            Ok(row) => break row.get::<_, i64>(0),
+            Err(error) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(3),
+                    "{}",
+                    error_text(&error)
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    };
+    assert!(ids.iter().all(|&before| before < id));
+}
+
+#[test]
+fn a_lease_worker_stopped_past_the_deadline_is_refused_at_it() {
+    stopped_past_the_deadline(Registry::OnTheServer);
+}
+
+#[test]
+fn with_a_shared_registry_a_lease_worker_stopped_past_the_deadline_is_refused_at_it() {
+    stopped_past_the_deadline(Registry::Shared);
+}
