@@ -11,7 +11,9 @@ pub struct Claimant {
     pub holder: String,
     /// Different for every run of this server (every setup of its shared memory).
     pub incarnation: String,
-    /// For people reading the lease table.
+    /// For people reading the lease table and refusals: `cluster_name@host:port`, or `host:port`
+    /// without a cluster_name. The host name tells apart the nodes of a failover manager, which
+    /// gives them all the same cluster_name.
     pub name: String,
 }
 
@@ -21,13 +23,14 @@ impl Claimant {
         let place = data_directory_identity(&server.data_directory).unwrap_or_else(|error| {
             error!("snowid lease worker cannot read the data directory: {error}")
         });
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
         let name = if server.cluster_name.is_empty() {
-            rustix::system::uname()
-                .nodename()
-                .to_string_lossy()
-                .into_owned()
+            host
         } else {
-            server.cluster_name
+            format!("{}@{host}", server.cluster_name)
         };
         Claimant {
             holder: format!(

@@ -727,7 +727,8 @@ fn directory_for(name: &str, port: u16) -> PathBuf {
     std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"))
 }
 
-fn pg_config(flag: &str) -> String {
+/// What the `pg_config` of the PostgreSQL under test says for `flag` (`--bindir`, say).
+pub fn pg_config(flag: &str) -> String {
     let pg_config = std::env::var("PG_CONFIG")
         .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
     let output = Command::new(&pg_config)
@@ -737,7 +738,8 @@ fn pg_config(flag: &str) -> String {
     String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
-fn free_port() -> u16 {
+/// A loopback port that nothing listens on now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -750,6 +752,14 @@ fn is_root() -> bool {
         .unwrap()
         .trim()
         == "0"
+}
+
+/// This machine's host name, which servers name themselves by.
+pub fn host_name() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string()
 }
 
 /// Hands a file the tests wrote to the server's user, with `mode`: servers refuse key files and
@@ -923,6 +933,6 @@ impl Node {
 
     /// The name the node shows in the lease table and in refusals.
     pub fn holder_name(&self) -> String {
-        format!("{}:{}", self.name, self.cluster.port)
+        format!("{}@{}:{}", self.name, host_name(), self.cluster.port)
     }
 }

@@ -10,8 +10,8 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    alone, beside_others, error_text, new_holder_wait_ms, wait_for, wait_for_lease_state, Cluster,
-    Volume,
+    alone, beside_others, error_text, host_name, new_holder_wait_ms, wait_for,
+    wait_for_lease_state, Cluster, Volume,
 };
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ fn short_lease_server(name: &str) -> (Cluster, Client) {
 
 /// The name a server shows in the lease table and in refusals.
 fn holder_name(name: &str, cluster: &Cluster) -> String {
-    format!("{name}:{}", cluster.port)
+    format!("{name}@{}:{}", host_name(), cluster.port)
 }
 
 /// The refusal of a server whose lease table says that `holder` holds worker id 5 and has not
