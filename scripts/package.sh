@@ -20,6 +20,8 @@ install -d "$root/DEBIAN" "$root/usr/lib/postgresql/$major/lib" "$root/usr/share
 cp -a "$built$("$PG_CONFIG" --pkglibdir)/." "$root/usr/lib/postgresql/$major/lib/"
 cp -a "$built$("$PG_CONFIG" --sharedir)/extension/." "$root/usr/share/postgresql/$major/extension/"
 install -m 644 sql/snowid--*.sql "$root/usr/share/postgresql/$major/extension/"
+install -d "$root/usr/lib/postgresql/$major/bin"
+install -m 755 contrib/patroni/snowid-on-role-change "$root/usr/lib/postgresql/$major/bin/"
 cat >"$root/DEBIAN/control" <<CONTROL
 Package: postgresql-$major-snowid
 Version: $version

@@ -16,7 +16,8 @@ test_package() {
     deb=$(scripts/package.sh "$major" | tail -n 1)
     contents=$(dpkg-deb -c "$deb")
     for file in "lib/postgresql/$major/lib/snowid.so" "postgresql/$major/extension/snowid.control" \
-        "postgresql/$major/extension/snowid--0.1.0.sql" "postgresql/$major/extension/snowid--0.4.0--0.5.0.sql"; do
+        "postgresql/$major/extension/snowid--0.1.0.sql" "postgresql/$major/extension/snowid--0.4.0--0.5.0.sql" \
+        "lib/postgresql/$major/bin/snowid-on-role-change"; do
         grep -q "$file\$" <<<"$contents" || { echo "$deb lacks $file" >&2; return 1; }
     done
     local library

@@ -1,7 +1,7 @@
 //! The SQL functions: thin wrappers over `layout`, `base32` and `generator`.
 
 use crate::errors::SnowidError;
-use crate::generator::{IssuingState, Refusal, StampRun, SystemClock, Waiter};
+use crate::generator::{Clock, IssuingState, Refusal, Refused, StampRun, SystemClock, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
 use crate::{base32, gucs, registry, shmem};
 use pgrx::prelude::*;
@@ -105,8 +105,64 @@ fn snowid_wait_ready(timeout: default!(Interval, "'30 seconds'")) -> bool {
     }
 }
 
-/// How often `snowid_wait_ready` looks at the generator.
+/// How often `snowid_wait_ready` looks at the generator, and `snowid_take_over_fenced` for the
+/// lease worker's answer.
 const READY_POLL: Duration = Duration::from_millis(10);
+
+/// How long `snowid_take_over_fenced` waits for the lease worker: its claim's statement limit and
+/// more.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Takes this server's worker id over, at once, from the primary it was promoted after, which the
+/// caller (a failover manager's promotion hook) vouches has been fenced: it issues nothing from now
+/// on. Ids start `snowid.max_clock_skew` from now. Says what was done.
+#[pg_extern(volatile)]
+fn snowid_take_over_fenced() -> String {
+    const FUNCTION: &str = "snowid_take_over_fenced";
+    Issuer::get(FUNCTION);
+    if gucs::worker_id().is_none() {
+        SnowidError::TakeoverNeedsWorkerId.raise(FUNCTION)
+    }
+    if shmem::in_recovery() {
+        SnowidError::TakeoverInRecovery.raise(FUNCTION)
+    }
+    let fenced_at_ms =
+        layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or_else(|range| {
+            SnowidError::Refused(Refused {
+                refusal: Refusal::ClockOutOfRange(range),
+                first_of_episode: false,
+            })
+            .raise(FUNCTION)
+        });
+    let asked = shmem::update_lease_status(|status| {
+        status.takeover.asked = status.takeover.asked.wrapping_add(1);
+        status.takeover.fenced_at_ms = fenced_at_ms;
+        status.takeover.asked
+    });
+    shmem::wake_lease_worker();
+    let started = Instant::now();
+    loop {
+        let takeover = shmem::lease_status().takeover;
+        // Answered this request, or a later one that carries a later fence.
+        if takeover.answered.wrapping_sub(asked) as i32 >= 0 {
+            let answer = takeover.answer.as_str().to_string();
+            if takeover.failed {
+                SnowidError::TakeoverRefused(answer).raise(FUNCTION)
+            }
+            return answer;
+        }
+        if started.elapsed() >= TAKEOVER_WAIT {
+            SnowidError::TakeoverNoAnswer.raise(FUNCTION)
+        }
+        shmem::LatchWaiter.sleep(READY_POLL);
+    }
+}
+
+extension_sql!(
+    "REVOKE ALL ON FUNCTION snowid_take_over_fenced() FROM PUBLIC;\n",
+    name = "take_over_fenced_privileges",
+    requires = [snowid_take_over_fenced]
+);
 
 fn decode(id: i64, function: &'static str) -> layout::Decoded {
     layout::decode(id).unwrap_or_else(|negative| SnowidError::NegativeId(negative).raise(function))
@@ -233,7 +289,7 @@ fn snowid_status() -> TableIterator<
         registry::description(),
         (lease.high_water_ms != 0)
             .then(|| timestamp_of_millis(lease.high_water_ms.min(layout::MAX_MILLIS))),
-        text(lease.last_error.as_str()),
+        text(lease.last_error.as_str()).or(text(lease.ceiling_error.as_str())),
         count(snapshot.ceiling_waits),
     ))
 }

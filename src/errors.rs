@@ -28,6 +28,10 @@ pub enum SnowidError {
     BatchCountOutOfRange { count: i32, max: u32 },
     InvalidBase32 { text: String, reason: InvalidBase32 },
     NegativeTimeout(String),
+    TakeoverInRecovery,
+    TakeoverNeedsWorkerId,
+    TakeoverRefused(String),
+    TakeoverNoAnswer,
 }
 
 impl SnowidError {
@@ -183,6 +187,30 @@ impl SnowidError {
                 format!("snowid_wait_ready timeout must not be negative, not {timeout}"),
                 function,
             ),
+            SnowidError::TakeoverInRecovery => ErrorReport::new(
+                ERRCODE_READ_ONLY_SQL_TRANSACTION,
+                "snowid cannot take over a worker id on a server in recovery",
+                function,
+            )
+            .set_hint("Run it once this server is promoted; a promotion hook can retry until then."),
+            SnowidError::TakeoverNeedsWorkerId => ErrorReport::new(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "snowid takes over only the worker id set in snowid.worker_id",
+                function,
+            )
+            .set_detail("A server that leases any free worker id takes another one when its own is held."),
+            SnowidError::TakeoverRefused(reason) => ErrorReport::new(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("snowid did not take the worker id over: {reason}"),
+                function,
+            )
+            .set_hint("This server issues once it holds the lease: after the holder releases it, its lease runs out on a shared registry, or SELECT snowid_handover() once the holder is stopped for good."),
+            SnowidError::TakeoverNoAnswer => ErrorReport::new(
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "the snowid lease worker did not answer the takeover in time",
+                function,
+            )
+            .set_hint("It goes on with the takeover; snowid_status() and the server log say more."),
         };
         report.report(PgLogLevel::ERROR);
         unreachable!("an ERROR report does not return")

@@ -29,8 +29,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// How long, beyond the permitted step back, a wait may last before the wall clock counts as stuck.
 const STALLED_CLOCK_MS: u64 = 10;
 
-/// How often a caller waiting at the ceiling looks whether the lease worker has moved it on.
+/// How often a caller waiting at the ceiling looks whether the lease worker has moved it on: first
+/// after `CEILING_POLL`, then twice as long each time, up to `CEILING_POLL_MAX`, so that many
+/// waiting callers leave the CPU to the worker they wait for.
 const CEILING_POLL: Duration = Duration::from_millis(5);
+const CEILING_POLL_MAX: Duration = Duration::from_millis(80);
 
 pub trait Clock {
     /// Wall-clock time in Unix milliseconds; this is what goes into ids.
@@ -221,7 +224,7 @@ impl IssuingState {
         // The millisecond this caller waits for, and since when. Others may claim the whole of it
         // first; the caller then waits for the next one, afresh.
         let mut overflow_wait: Option<(u64, u64)> = None;
-        let mut waited_at_ceiling = false;
+        let mut ceiling_poll: Option<Duration> = None;
         loop {
             // Time spent waiting is read before the wall clock, so that a caller paused between the
             // two reads sees the wall clock move on rather than taking the pause for a stuck clock.
@@ -243,11 +246,16 @@ impl IssuingState {
                         if now >= self.gate_moves_up_to_ms.load(Ordering::SeqCst) {
                             return Err(self.refused(Refusal::BoundReached, last));
                         }
-                        if !std::mem::replace(&mut waited_at_ceiling, true) {
-                            self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
-                        }
+                        let poll = match ceiling_poll {
+                            None => {
+                                self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
+                                CEILING_POLL
+                            }
+                            Some(poll) => (poll * 2).min(CEILING_POLL_MAX),
+                        };
+                        ceiling_poll = Some(poll);
                         let until_deadline = Duration::from_nanos(deadline_ns - monotonic_ns);
-                        waiter.sleep(CEILING_POLL.min(until_deadline));
+                        waiter.sleep(poll.min(until_deadline));
                         continue;
                     }
                     run.worker_id = (gate & u64::from(MAX_WORKER_ID)) as u16;
@@ -622,7 +630,11 @@ mod tests {
         };
         let run = state.issue(&clock, &worker, 1, 5).unwrap();
         assert_eq!(run.first, stamp(T + 1, 0));
-        assert_eq!(*worker.slept.borrow(), vec![CEILING_POLL; 3]);
+        assert_eq!(
+            *worker.slept.borrow(),
+            [5, 10, 20].map(Duration::from_millis),
+            "ever longer sleeps"
+        );
         assert_eq!(
             state.snapshot().ceiling_waits,
             1,

@@ -159,6 +159,8 @@ pub struct Status {
     /// Since when the registry has been failing.
     pub unreachable_since: i64,
     pub last_error: Text<256>,
+    /// Why the ceiling could not be recorded the last time the worker tried; empty once it could.
+    pub ceiling_error: Text<256>,
     /// The row is held by a server whose renewals this server cannot see, or was released by one
     /// this server may be a copy of: only `snowid_handover` (or that server's release) frees it.
     pub handover_needed: bool,
@@ -177,6 +179,34 @@ pub struct Status {
     /// Set while the worker connects to `snowid.database`: still set at the next start, the
     /// connection failed (the database is missing), and the worker checks before connecting again.
     pub connect_pending: bool,
+    /// The lease worker's process id, for backends that wake it.
+    pub worker_pid: i32,
+    /// The latest takeover asked for (see [`Takeover`]).
+    pub takeover: Takeover,
+}
+
+/// What a takeover from a fenced primary vouches for: the primary issues nothing after
+/// `fenced_at_ms` (milliseconds since the snowid epoch, by this server's clock), and its clock is at
+/// most `max_skew_ms` ahead of this server's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub fenced_at_ms: u64,
+    pub max_skew_ms: u64,
+}
+
+/// A takeover of this server's worker id from a fenced primary, asked for by
+/// `snowid_take_over_fenced()` and carried out by the lease worker with its next claim.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Takeover {
+    /// Counts the takeovers asked for; the worker answers each in turn.
+    pub asked: u32,
+    /// Milliseconds since the snowid epoch, by this server's clock, after which the fenced
+    /// primary issues nothing.
+    pub fenced_at_ms: u64,
+    /// The last takeover answered, and how.
+    pub answered: u32,
+    pub failed: bool,
+    pub answer: Text<256>,
 }
 
 /// Why an id was refused, for a server whose gate is closed or whose lease ran out. `worker_id` is
@@ -231,7 +261,7 @@ pub fn refusal_detail(status: &Status) -> Option<&'static str> {
 /// the lease worker does not move on by itself (see `generator::Refusal::BoundReached`).
 pub fn bound_reason(status: &Status, worker_id: Option<u16>) -> String {
     let worker_id = worker_id.map_or("a worker id".to_string(), |id| format!("worker id {id}"));
-    match status.last_error.as_str() {
+    match status.ceiling_error.as_str() {
         "" => format!(
             "the clock has passed the time reserved for the ids of {worker_id}, and issuing resumes at the lease's next renewal"
         ),
@@ -320,14 +350,16 @@ pub struct ClaimRow {
     pub renewal: Option<bool>,
     pub released: Option<bool>,
     pub tenure: Option<i64>,
+    /// For a takeover: the holder taken over from.
+    pub taken_from: Option<String>,
 }
 
 impl ClaimRow {
-    /// The row as a remote registry returns it: ten fields of PostgreSQL's text output.
+    /// The row as a remote registry returns it: eleven fields of PostgreSQL's text output.
     pub fn from_text(fields: &[Option<String>]) -> Result<ClaimRow, String> {
-        if fields.len() != 10 {
+        if fields.len() != 11 {
             return Err(format!(
-                "the registry returned {} columns, not 10",
+                "the registry returned {} columns, not 11",
                 fields.len()
             ));
         }
@@ -357,6 +389,7 @@ impl ClaimRow {
             renewal: parse(&fields[7])?,
             released: parse(&fields[8])?,
             tenure: parse(&fields[9])?,
+            taken_from: fields[10].clone(),
         })
     }
 
@@ -430,15 +463,23 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// lease of another holder may be taken, this server's timeline. One row, read as a [`ClaimRow`].
 pub const CLAIM_SQL: &str =
     "SELECT $1::pg_catalog.int4, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
-            continued, renewal, released, tenure \
+            continued, renewal, released, tenure, NULL::pg_catalog.text \
      FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// Claims a lease on any free worker id of a shared registry. Parameters: as `CLAIM_SQL` without
 /// the worker id and whether expired leases may be taken (they may). Row: as `CLAIM_SQL`.
 pub const CLAIM_ANY_SQL: &str =
     "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
-            continued, renewal, released, tenure \
+            continued, renewal, released, tenure, NULL::pg_catalog.text \
      FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6)";
+
+/// Takes a worker id over from the fenced primary that holds it, or claims it as `CLAIM_SQL` does.
+/// Parameters: as `CLAIM_SQL`, then when the primary was fenced (ms since the snowid epoch) and how
+/// far ahead of this server's its clock may be (ms). Row: as `CLAIM_SQL`.
+pub const TAKE_OVER_SQL: &str =
+    "SELECT $1::pg_catalog.int4, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
+            continued, renewal, released, tenure, taken_from \
+     FROM snowid.lease_take_over($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 /// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark,
 /// timeline.
@@ -477,6 +518,7 @@ mod tests {
             Some("f"),
             None,
             Some("1798761600000123"),
+            Some("node0@db1:5432"),
         ]
         .iter()
         .map(|field| field.map(str::to_string))
@@ -493,9 +535,10 @@ mod tests {
             (Some(false), Some(false), None)
         );
         assert_eq!(row.tenure, Some(1_798_761_600_000_123));
+        assert_eq!(row.taken_from.as_deref(), Some("node0@db1:5432"));
         assert_eq!(
-            ClaimRow::from_text(&fields[..9]).unwrap_err(),
-            "the registry returned 9 columns, not 10"
+            ClaimRow::from_text(&fields[..10]).unwrap_err(),
+            "the registry returned 10 columns, not 11"
         );
         let mut wrong = fields.clone();
         wrong[1] = Some("yes".into());
@@ -544,6 +587,7 @@ mod tests {
             renewal: Some(false),
             released: Some(false),
             tenure: Some(1_795_953_600_000_000),
+            taken_from: None,
         }
     }
 
@@ -762,7 +806,13 @@ mod tests {
             bound_reason(&status, Some(7)),
             "the clock has passed the time reserved for the ids of worker id 7, and issuing resumes at the lease's next renewal"
         );
-        status.last_error = Text::new(
+        status.last_error = Text::new("connection refused");
+        assert_eq!(
+            bound_reason(&status, Some(7)),
+            "the clock has passed the time reserved for the ids of worker id 7, and issuing resumes at the lease's next renewal",
+            "a failed claim is not the ceiling's cause"
+        );
+        status.ceiling_error = Text::new(
             "could not record the ceiling in snowid.ceiling: No space left on device (os error 28)",
         );
         assert_eq!(

@@ -182,10 +182,10 @@ mod tests {
         assert_eq!(markings, 7);
         let volatile: i64 = one(
             "SELECT count(*) FROM pg_proc
-              WHERE proname IN ('snowid_next', 'snowid_next_batch', 'snowid_status', 'snowid_wait_ready', 'snowid_convert_column')
+              WHERE proname IN ('snowid_next', 'snowid_next_batch', 'snowid_status', 'snowid_wait_ready', 'snowid_convert_column', 'snowid_take_over_fenced')
                 AND provolatile = 'v'",
         );
-        assert_eq!(volatile, 5);
+        assert_eq!(volatile, 6);
     }
 
     #[pg_test]
@@ -204,6 +204,7 @@ mod tests {
             "snowid_next_batch(count integer) -> SETOF bigint",
             "snowid_sequence(id bigint) -> integer",
             "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint, lease_state text, lease_holder text, lease_expires_at timestamp with time zone, registry text, high_water_mark timestamp with time zone, last_error text, ceiling_waits bigint)",
+            "snowid_take_over_fenced() -> text",
             "snowid_timestamp(id bigint) -> timestamp with time zone",
             "snowid_to_base32(id bigint) -> text",
             "snowid_wait_ready(timeout interval DEFAULT '00:00:30'::interval) -> boolean",
@@ -472,6 +473,107 @@ mod tests {
         assert_eq!(
             error_of("SELECT snowid_handover(17)"),
             "42501: permission denied for function snowid_handover"
+        );
+        assert_eq!(
+            error_of(
+                "SELECT snowid.lease_take_over(5, 'me', 'now', 'me:1', 30000, 0, true, 2, 0, 1000)"
+            ),
+            "42501: permission denied for function lease_take_over"
+        );
+        assert_eq!(
+            error_of("SELECT snowid_take_over_fenced()"),
+            "42501: permission denied for function snowid_take_over_fenced"
+        );
+    }
+
+    #[pg_test]
+    fn a_takeover_of_its_own_lease_is_an_ordinary_claim() {
+        wait_for_lease();
+        assert_eq!(
+            one::<String>("SELECT snowid_take_over_fenced()"),
+            "worker id 17 needed no takeover: it was free, released or this server's already"
+        );
+        assert_eq!(one::<i32>("SELECT snowid_worker_id(snowid_next())"), 17);
+    }
+
+    /// Inserts a lease row for worker id `worker_id` held by `holder`, who claimed it on timeline
+    /// `timeline` with its clock at `clock_ahead_ms` from now.
+    fn held_row(worker_id: i32, holder: &str, timeline: &str, clock_ahead_ms: i64) {
+        Spi::run(&format!(
+            "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, holder_name, renewed_at,
+                 expires_at, high_water_ms, holder_role, acquired_mark_ms, holder_timeline, holder_clock_ms)
+             VALUES ({worker_id}, '{holder}', 'run', 'old@db1:5432', clock_timestamp(),
+                 clock_timestamp() + interval '30 seconds', 40000000000, current_user, 1000, {timeline},
+                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + {clock_ahead_ms})"
+        ))
+        .unwrap();
+    }
+
+    /// `snowid.lease_take_over` of `worker_id` by holder `111-new` on timeline 2, fenced now with a
+    /// skew of 1 s: granted, floor_ms less the fence, taken_from.
+    const TAKE_OVER: &str = "SELECT granted, floor_ms - fence, taken_from
+           FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 AS fence) f,
+                snowid.lease_take_over($1, '111-new', 'inc', 'new@db2:5432', 30000,
+                                       f.fence + 30000, false, 2, f.fence, 1000)";
+
+    #[pg_test]
+    fn a_fenced_primary_of_the_same_cluster_is_taken_over_above_the_fence() {
+        held_row(910, "111-old", "1", 0);
+        let (granted, above_fence, taken_from) =
+            Spi::get_three_with_args::<bool, i64, String>(TAKE_OVER, &[910.into()]).unwrap();
+        assert_eq!(
+            (granted, above_fence, taken_from.as_deref()),
+            (Some(true), Some(1000), Some("old@db1:5432"))
+        );
+        let row: (Option<String>, Option<i64>, Option<bool>) = Spi::get_three(
+            "SELECT holder || ' ' || holder_timeline, high_water_ms,
+                    acquired_mark_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000
+               FROM snowid.worker_lease WHERE worker_id = 910",
+        )
+        .unwrap();
+        // The mark never goes down; the new holder's release goes no lower than where it starts.
+        assert_eq!(
+            row,
+            (Some("111-new 2".into()), Some(40_000_000_000), Some(true))
+        );
+        // A free row is claimed as lease_claim claims it.
+        let (granted, _, taken_from) =
+            Spi::get_three_with_args::<bool, i64, String>(TAKE_OVER, &[911.into()]).unwrap();
+        assert_eq!((granted, taken_from), (Some(true), None));
+    }
+
+    #[pg_test]
+    fn a_takeover_is_refused_from_another_cluster_a_later_timeline_an_old_claim_or_a_clock_ahead() {
+        held_row(912, "222-other", "1", 0);
+        held_row(913, "111-old", "2", 0);
+        held_row(914, "111-old", "NULL", 0);
+        held_row(915, "111-old", "1", 5000);
+        let take_over = |worker_id: i32| error_of(&TAKE_OVER.replace("$1", &worker_id.to_string()));
+        assert_eq!(
+            take_over(912),
+            "55000: worker id 912 is held by old@db1:5432, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster"
+        );
+        assert_eq!(
+            take_over(913),
+            "55000: worker id 913 is held by old@db1:5432, on timeline 2, not before this server's timeline 2: it is not a primary this server was promoted after"
+        );
+        assert_eq!(
+            take_over(914),
+            "55000: worker id 914 is held by old@db1:5432, which claimed it with a snowid older than 0.5.0 and recorded neither its timeline nor its clock"
+        );
+        let skew = take_over(915);
+        let ahead_ms: i64 = skew
+            .strip_prefix("55000: the clock of old@db1:5432, which holds worker id 915, read ")
+            .and_then(|rest| rest.strip_suffix(" ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("{skew}"));
+        assert!((4990..=5010).contains(&ahead_ms), "{skew}");
+        let holders: String = one(
+            "SELECT string_agg(holder, ',' ORDER BY worker_id) FROM snowid.worker_lease WHERE worker_id BETWEEN 912 AND 915",
+        );
+        assert_eq!(
+            holders, "222-other,111-old,111-old,111-old",
+            "nothing taken"
         );
     }
 

@@ -89,6 +89,20 @@ impl Waiter for LatchWaiter {
     }
 }
 
+/// Takes part in a barrier another process raised (DROP DATABASE raises one that waits for every
+/// process connected to a database), as CHECK_FOR_INTERRUPTS would, for the lease worker's waits,
+/// which do not call it.
+pub fn absorb_barriers() {
+    // SAFETY: the flag is set by a signal handler of this process; ProcessProcSignalBarrier is
+    // meant to be called from a point that holds no lock and is in no critical section, as the
+    // lease worker's waits are, between its calls to the registry.
+    unsafe {
+        if pg_sys::ProcSignalBarrierPending != 0 {
+            pg_sys::ProcessProcSignalBarrier();
+        }
+    }
+}
+
 /// Whether this server is replaying WAL: a standby, or a server still recovering.
 pub fn in_recovery() -> bool {
     // SAFETY: RecoveryInProgress only reads shared state the startup process maintains.
@@ -163,6 +177,16 @@ pub fn exit_for_restart() -> ! {
         // calls it outside any transaction, holding no lock.
         unsafe { pg_sys::proc_exit(1) };
         unreachable!("proc_exit returned")
+    }
+}
+
+/// Sets the lease worker's latch, so that it looks at the lease status at once: SIGUSR1, which
+/// PostgreSQL's handler in every process connected to a database answers by setting its latch.
+pub fn wake_lease_worker() {
+    let pid = lease_status().worker_pid;
+    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+        // A worker that has just exited is started again, and looks at the status as it starts.
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::USR1);
     }
 }
 

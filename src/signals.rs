@@ -23,6 +23,7 @@ pub fn shutting_down() -> bool {
 /// died).
 pub fn wait(duration: Duration) -> bool {
     if !shutting_down() && BackgroundWorker::wait_latch(Some(duration)) {
+        shmem::absorb_barriers();
         return true;
     }
     note_sigterm();

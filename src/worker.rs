@@ -11,7 +11,7 @@
 use crate::ceiling::Ceiling;
 use crate::claimant::Claimant;
 use crate::generator::{Clock, Grant, IssuingState, SystemClock};
-use crate::lease::{self, Claim, State, Text, Timing};
+use crate::lease::{self, Claim, Fence, State, Text, Timing};
 use crate::registry::Registry;
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, shmem};
@@ -81,17 +81,30 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         holding: None,
         slowness: Slowness::default(),
     };
+    shmem::update_lease_status(|status| status.worker_pid = std::process::id() as i32);
     let mut next_claim_ns = 0;
     loop {
-        if SystemClock.monotonic_ns() >= next_claim_ns {
+        let takeover = shmem::lease_status().takeover;
+        let asked = (takeover.asked != takeover.answered).then(|| Fence {
+            fenced_at_ms: takeover.fenced_at_ms,
+            max_skew_ms: gucs::max_clock_skew_ms(),
+        });
+        if asked.is_some() || SystemClock.monotonic_ns() >= next_claim_ns {
             let sent_ns = SystemClock.monotonic_ns();
-            next_claim_ns = sent_ns + worker.claim(sent_ns).as_nanos() as u64;
+            let (retry_after, outcome) = worker.claim(sent_ns, asked);
+            next_claim_ns = sent_ns + retry_after.as_nanos() as u64;
+            if asked.is_some() {
+                shmem::update_lease_status(|status| {
+                    status.takeover.answered = takeover.asked;
+                    status.takeover.failed = outcome.is_err();
+                    status.takeover.answer = Text::new(outcome.as_ref().unwrap_or_else(|e| e));
+                });
+            }
         }
         let mut pause_ns = next_claim_ns.saturating_sub(SystemClock.monotonic_ns());
         if let Some(check_every) = worker.keep_ceiling() {
             pause_ns = pause_ns.min(check_every.as_nanos() as u64);
         }
-        worker.slowness.end_turn();
         let pause = Duration::from_nanos(pause_ns);
         let paused = Instant::now();
         if !signals::wait(pause) {
@@ -106,11 +119,11 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
 }
 
 /// Whether the worker is being held up: a renewal or a ceiling write that took long, or a wake-up
-/// that came late (the process stopped, or starved of CPU). Each episode gets one WARNING.
+/// that came late (the process stopped, or starved of CPU). Each episode gets one WARNING; an
+/// episode ends once a whole renewal interval passes without a slow step.
 #[derive(Default)]
 struct Slowness {
-    warned: bool,
-    slow_this_turn: bool,
+    last_slow: Option<Instant>,
 }
 
 impl Slowness {
@@ -120,8 +133,11 @@ impl Slowness {
         if took <= timing.slow_after() {
             return;
         }
-        self.slow_this_turn = true;
-        if std::mem::replace(&mut self.warned, true) {
+        let episode_goes_on = self
+            .last_slow
+            .replace(Instant::now())
+            .is_some_and(|last| last.elapsed() <= timing.renew_every());
+        if episode_goes_on {
             return;
         }
         let refused_after = format!(
@@ -137,13 +153,6 @@ impl Slowness {
                 None => refused_after,
             }
         );
-    }
-
-    /// A turn of the worker's loop with no slow step ends the episode.
-    fn end_turn(&mut self) {
-        if !std::mem::replace(&mut self.slow_this_turn, false) {
-            self.warned = false;
-        }
     }
 }
 
@@ -165,17 +174,27 @@ struct LeaseWorker {
 }
 
 impl LeaseWorker {
-    /// Claims the lease, acts on the answer, and says when to claim again.
-    fn claim(&mut self, sent_ns: u64) -> Duration {
+    /// Claims the lease (with `fence`, takes the configured worker id over from the fenced
+    /// primary that holds it), acts on the answer, and says when to claim again and what came of
+    /// it, for a takeover's caller.
+    fn claim(&mut self, sent_ns: u64, fence: Option<Fence>) -> (Duration, Result<String, String>) {
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
         let reserve_until_ms = now_ms + self.timing.ttl.as_millis() as u64;
         let asked = Instant::now();
+        let claiming = if fence.is_some() {
+            self.configured
+        } else {
+            self.claiming
+        };
         let answer = self
             .registry
-            .claim(&self.me, self.claiming, self.timing, reserve_until_ms);
-        self.slowness.note(self.timing, asked.elapsed(), |ms| {
-            format!("claiming the lease took {ms} ms")
-        });
+            .claim(&self.me, claiming, self.timing, reserve_until_ms, fence);
+        if answer.is_ok() {
+            // A failed claim is logged as such.
+            self.slowness.note(self.timing, asked.elapsed(), |ms| {
+                format!("claiming the lease took {ms} ms")
+            });
+        }
         match answer {
             Ok((
                 Some(worker_id),
@@ -187,6 +206,7 @@ impl LeaseWorker {
                     renewal,
                     tenure,
                 },
+                taken_from,
             )) => {
                 let own_ceiling = self
                     .recorded
@@ -211,7 +231,7 @@ impl LeaseWorker {
                 self.claiming = Some(worker_id);
                 self.holding = Some(held);
                 // The gate first: a refusal that reads "held" finds it open.
-                let ceiling_error = self.raise_ceiling(floor_ms);
+                self.raise_ceiling(floor_ms);
                 let name = self.me.name.clone();
                 shmem::update_lease_status(|status| {
                     status.worker_id = Some(worker_id);
@@ -224,19 +244,31 @@ impl LeaseWorker {
                     status.handover_needed = false;
                     // Only now that the gate applied its floor.
                     status.applied_tenure = Some(tenure);
-                    status.last_error = Text::new(&ceiling_error.unwrap_or_default());
+                    status.last_error = Text::default();
                 });
-                self.timing.renew_every()
+                let outcome = match taken_from {
+                    Some(holder) => format!(
+                        "worker id {worker_id} taken over from {holder}; ids start at {}",
+                        lease::format_unix_ms(
+                            layout::EPOCH_UNIX_MS + floor_ms.unwrap_or(0) as i64
+                        )
+                    ),
+                    None => format!(
+                        "worker id {worker_id} needed no takeover: it was free, released or this server's already"
+                    ),
+                };
+                (self.timing.renew_every(), Ok(outcome))
             }
             Ok((
-                _,
+                worker_id,
                 Claim::HeldByOther {
                     holder,
                     expires_at,
                     released,
                 },
+                _,
             )) => {
-                self.lose_lease();
+                // The state first: a caller refused once the gate is closed reads why.
                 let handover_needed = self.registry.is_local();
                 shmem::update_lease_status(|status| {
                     status.worker_id = self.configured;
@@ -247,10 +279,15 @@ impl LeaseWorker {
                     status.released = released;
                     status.last_error = Text::default();
                 });
-                self.timing.retry_every()
-            }
-            Ok((worker_id, Claim::MarkBeyondLayout { high_water_ms })) => {
                 self.lose_lease();
+                let worker_id =
+                    worker_id.map_or("the worker id".into(), |id| format!("worker id {id}"));
+                (
+                    self.timing.retry_every(),
+                    Err(format!("{worker_id} stays with {holder}")),
+                )
+            }
+            Ok((worker_id, Claim::MarkBeyondLayout { high_water_ms }, _)) => {
                 let error = format!(
                     "its high-water mark, {high_water_ms} ms after 2026-01-01, lies beyond 2095-09-07 15:47:35.551 UTC, the last time ids can hold"
                 );
@@ -259,12 +296,15 @@ impl LeaseWorker {
                     status.state = State::Starting;
                     status.last_error = Text::new(&error);
                 });
-                self.timing.retry_every()
+                self.lose_lease();
+                (self.timing.retry_every(), Err(error))
             }
-            Ok((None, Claim::Granted { .. })) => {
+            Ok((None, Claim::Granted { .. }, _)) => {
                 unreachable!("a granted lease names its worker id")
             }
-            Err(_) if signals::shutting_down() => Duration::ZERO,
+            Err(error) if signals::shutting_down() => (Duration::ZERO, Err(error)),
+            // A refused takeover leaves the lease as the registry has it; the next claim follows.
+            Err(error) if fence.is_some() => (self.timing.retry_every(), Err(error)),
             Err(error) => {
                 let first_failure = shmem::update_lease_status(|status| {
                     if status.state != State::Starting {
@@ -280,7 +320,7 @@ impl LeaseWorker {
                 if first_failure {
                     log!("snowid lease worker could not claim the lease, and tries again every second: {error}");
                 }
-                self.timing.retry_every()
+                (self.timing.retry_every(), Err(error))
             }
         }
     }
@@ -295,17 +335,16 @@ impl LeaseWorker {
     /// Moves the ceiling on while the lease is held; returns how soon to look again.
     fn keep_ceiling(&mut self) -> Option<Duration> {
         self.holding.as_ref()?;
-        if let Some(error) = self.raise_ceiling(None) {
-            shmem::update_lease_status(|status| status.last_error = Text::new(&error));
-        }
+        self.raise_ceiling(None);
         self.timing.ceiling_lead.map(Timing::ceiling_check_every)
     }
 
     /// Opens the gate for the lease held, applying `floor_ms`. With the lease table on this server,
     /// first moves the ceiling on when less than `Timing::ceiling_refresh_below` of it is left (or
     /// at once with a new floor) and records it durably, so that ids pass only below a recorded
-    /// ceiling. Returns why the ceiling could not be recorded: issuing then stops at the old one.
-    fn raise_ceiling(&mut self, floor_ms: Option<u64>) -> Option<String> {
+    /// ceiling. A ceiling that could not be recorded is a bound until a write succeeds: the status
+    /// says why (the first failure of an episode goes to the server log too).
+    fn raise_ceiling(&mut self, floor_ms: Option<u64>) {
         let held = self
             .holding
             .as_mut()
@@ -313,7 +352,7 @@ impl LeaseWorker {
         let Some(lead) = self.timing.ceiling_lead else {
             self.state
                 .open_gate(&grant(held, held.reserved_until_ms, 0, floor_ms));
-            return None;
+            return;
         };
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
         let refresh_ms = Timing::ceiling_refresh_below(lead).as_millis() as u64;
@@ -341,12 +380,22 @@ impl LeaseWorker {
                 Ok(()) => {
                     held.ceiling_ms = wanted;
                     self.recorded = Some(ceiling);
+                    shmem::update_lease_status(|status| status.ceiling_error = Text::default());
                 }
                 Err(failure) => {
-                    error = Some(format!(
+                    let text = format!(
                         "could not record the ceiling in {}: {failure}",
                         crate::ceiling::FILE_NAME
-                    ))
+                    );
+                    let first = shmem::update_lease_status(|status| {
+                        let first = status.ceiling_error.as_str().is_empty();
+                        status.ceiling_error = Text::new(&text);
+                        first
+                    });
+                    if first {
+                        log!("snowid lease worker {text}; ids stop at the ceiling recorded before, {} ms after 2026-01-01", held.ceiling_ms);
+                    }
+                    error = Some(text);
                 }
             }
         }
@@ -360,7 +409,6 @@ impl LeaseWorker {
         };
         self.state
             .open_gate(&grant(held, reserved, moves_up_to, floor_ms));
-        error
     }
 
     /// Releases the lease held, with `high_water_ms` above every id issued, and lowers the ceiling
@@ -425,8 +473,8 @@ fn throttle_restarts() -> bool {
 /// the gate and releases the lease, lowering the mark to just above the last id issued.
 fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
     signals::leave_unless_server_stopping();
-    let high_water_ms = state.close_gate(&SystemClock);
     shmem::update_lease_status(|status| status.state = State::Released);
+    let high_water_ms = state.close_gate(&SystemClock);
     if let Some(worker) = worker {
         worker.release(high_water_ms);
     }

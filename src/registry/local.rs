@@ -47,6 +47,7 @@ impl Local {
                     renewal: row.get(8)?,
                     released: row.get(9)?,
                     tenure: row.get(10)?,
+                    taken_from: row.get(11)?,
                 })
             })
             .map_err(|error: pgrx::spi::SpiError| error.to_string())

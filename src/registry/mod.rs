@@ -8,7 +8,7 @@ mod remote;
 
 use crate::claimant::Claimant;
 use crate::gucs;
-use crate::lease::{self, Claim, ClaimRow, Timing};
+use crate::lease::{self, Claim, ClaimRow, Fence, Timing};
 use crate::shmem;
 
 pub enum Registry {
@@ -29,22 +29,29 @@ impl Registry {
         matches!(self, Registry::Local(_))
     }
 
-    /// Claims `worker_id`'s lease, or any free worker id's; returns the worker id claimed (none when
-    /// every one is leased) and the registry's answer.
+    /// Claims `worker_id`'s lease, or any free worker id's; with `fence`, takes `worker_id` over
+    /// from the fenced primary that holds it. Returns the worker id claimed (none when every one is
+    /// leased), the registry's answer, and the holder taken over from.
     pub fn claim(
         &mut self,
         me: &Claimant,
         worker_id: Option<u16>,
         timing: Timing,
         reserve_until_ms: u64,
-    ) -> Result<(Option<u16>, Claim), String> {
+        fence: Option<Fence>,
+    ) -> Result<(Option<u16>, Claim, Option<String>), String> {
         let mut params = vec![];
-        let sql = match worker_id {
-            Some(worker_id) => {
+        let sql = match (worker_id, fence) {
+            (Some(worker_id), _) => {
                 params.push(Param::Int(i32::from(worker_id)));
-                lease::CLAIM_SQL
+                if fence.is_some() {
+                    lease::TAKE_OVER_SQL
+                } else {
+                    lease::CLAIM_SQL
+                }
             }
-            None => lease::CLAIM_ANY_SQL,
+            (None, None) => lease::CLAIM_ANY_SQL,
+            (None, Some(_)) => unreachable!("a takeover names its worker id"),
         };
         params.extend([
             Param::Text(me.holder.clone()),
@@ -59,12 +66,17 @@ impl Registry {
             params.push(Param::Bool(!self.is_local()));
         }
         params.push(Param::Big(i64::from(shmem::timeline())));
+        if let Some(fence) = fence {
+            params.push(Param::Big(fence.fenced_at_ms as i64));
+            params.push(Param::Big(fence.max_skew_ms as i64));
+        }
         let row: ClaimRow = match self {
             Registry::Local(local) => local.claim(sql, &params)?,
             Registry::Remote(remote) => remote.claim(sql, &params)?,
         };
         let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
-        Ok((worker_id, row.claim()))
+        let taken_from = row.taken_from.clone();
+        Ok((worker_id, row.claim(), taken_from))
     }
 
     /// Releases `worker_id`'s lease, lowering its mark to `high_water_ms`.

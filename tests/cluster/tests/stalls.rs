@@ -180,12 +180,14 @@ fn stopped_for_five_seconds(registry: Registry) {
     let stop = Duration::from_secs(5);
     let mut ceiling_during_stop = None;
     let mut resumed = None;
+    let mut log_before_stop = 0;
     let calls = calls_during(&cluster, || {
         // Stopped 7 s after a renewal: the next one, due 10 s after it, comes 2 s late.
         let expiry = next_renewal(&mut client);
         let renewed_unix_ms = expiry - 30_000;
         let stop_at = renewed_unix_ms + 7_000;
         std::thread::sleep(Duration::from_millis((stop_at - unix_ms()).max(0) as u64));
+        log_before_stop = cluster.log().len();
         signal(pid, "-STOP");
         std::thread::sleep(Duration::from_millis(100));
         if matches!(registry, Registry::OnTheServer) {
@@ -228,25 +230,132 @@ fn stopped_for_five_seconds(registry: Registry) {
         None => assert_eq!(waits, 0, "no ceiling to wait at"),
     }
     assert!(ids.len() >= 1000, "{} ids", ids.len());
-    let warnings: Vec<String> = cluster
-        .log()
+    // One WARNING for the stop, whatever step it caught the worker in: asleep (it then woke late),
+    // or writing the ceiling or claiming (which then took long).
+    let warnings: Vec<String> = cluster.log()[log_before_stop..]
         .lines()
-        .filter(|line| line.contains("WARNING:  snowid lease worker is held up"))
+        .filter(|line| line.contains("WARNING:  snowid lease worker is held up: "))
         .map(str::to_string)
         .collect();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     let expected_tail = match registry {
         Registry::OnTheServer => {
-            "ms late (stopped, or starved of CPU), more than 250 ms; calls to \
-             snowid_next() wait while the ceiling is not moved on, and are refused once the lease \
-             has gone 25 s without renewal"
+            ", more than 250 ms; calls to snowid_next() wait while the ceiling is not moved on, \
+             and are refused once the lease has gone 25 s without renewal"
         }
         Registry::Shared => {
-            "ms late (stopped, or starved of CPU), more than 250 ms; calls to \
-             snowid_next() are refused once the lease has gone 25 s without renewal"
+            ", more than 250 ms; calls to snowid_next() are refused once the lease has gone 25 s \
+             without renewal"
         }
     };
-    assert!(warnings[0].ends_with(expected_tail), "{}", warnings[0]);
+    let step = warnings[0]
+        .split_once("held up: ")
+        .and_then(|(_, rest)| rest.strip_suffix(expected_tail))
+        .unwrap_or_else(|| panic!("{}", warnings[0]));
+    let late_ms = [
+        ("it woke ", " ms late (stopped, or starved of CPU)"),
+        ("recording the ceiling in snowid.ceiling took ", " ms"),
+        ("claiming the lease took ", " ms"),
+    ]
+    .iter()
+    .find_map(|(before, after)| {
+        step.strip_prefix(before)?
+            .strip_suffix(after)?
+            .parse::<u64>()
+            .ok()
+    })
+    .unwrap_or_else(|| panic!("{step}"));
+    assert!((2_000..=5_500).contains(&late_ms), "{step}");
+}
+
+#[test]
+fn a_statement_timeout_ends_a_wait_at_the_ceiling() {
+    let _machine = alone();
+    let (_cluster, mut client, _) = leased_server(Registry::OnTheServer, &[]);
+    let pid = lease_worker_pid(&mut client);
+    signal(pid, "-STOP");
+    // Within a second the ceiling is reached; a call waiting there ends at its timeout.
+    client
+        .batch_execute("SET statement_timeout = '300ms'")
+        .unwrap();
+    let started = Instant::now();
+    let (error, waited) = loop {
+        let call = Instant::now();
+        if let Err(error) = client.query_one("SELECT snowid_next()", &[]) {
+            break (error_text(&error), call.elapsed());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the ceiling never reached"
+        );
+    };
+    signal(pid, "-CONT");
+    assert_eq!(error, "57014: canceling statement due to statement timeout");
+    assert!(
+        (Duration::from_millis(300)..Duration::from_millis(400)).contains(&waited),
+        "{waited:?}"
+    );
+    let waits = counter(&mut client, "ceiling_waits");
+    assert_eq!(waits, 1);
+}
+
+#[test]
+fn a_ceiling_that_cannot_be_recorded_is_refused_at_once_naming_why() {
+    let _machine = alone();
+    let (cluster, mut client, _) = leased_server(Registry::OnTheServer, &[]);
+    // The worker writes the ceiling to a temporary file, then renames it: a directory in its place
+    // makes every write fail, as a full disk or a read-only file system would.
+    let blocker = cluster.dir().join("data/snowid.ceiling.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let started = Instant::now();
+    let refused = loop {
+        match client.query_one("SELECT snowid_next()", &[]) {
+            Ok(_) => assert!(started.elapsed() < Duration::from_secs(3), "never refused"),
+            Err(error) => break (error_text(&error), started.elapsed()),
+        }
+    };
+    assert_eq!(
+        refused.0,
+        format!(
+            "55000: snowid refuses to issue ids: the ceiling of worker id {WORKER_ID} is reached, \
+             and the lease worker cannot move it on: could not record the ceiling in \
+             snowid.ceiling: Is a directory (os error 21) HINT: Issuing resumes by itself once the \
+             lease worker records a new bound; snowid_status() and the server log say more."
+        )
+    );
+    assert!(refused.1 <= Duration::from_millis(1500), "{:?}", refused.1);
+    assert_eq!(counter(&mut client, "ceiling_waits"), 0, "nobody waited");
+    let last_error: Option<String> = client
+        .query_one("SELECT last_error FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        last_error.as_deref(),
+        Some("could not record the ceiling in snowid.ceiling: Is a directory (os error 21)")
+    );
+    assert_eq!(
+        cluster
+            .log()
+            .matches("LOG:  snowid lease worker could not record the ceiling in snowid.ceiling: Is a directory (os error 21); ids stop at the ceiling recorded before")
+            .count(),
+        1
+    );
+    // Writable again, the next write lets ids through.
+    std::fs::remove_dir(&blocker).unwrap();
+    let started = Instant::now();
+    while let Err(error) = client.query_one("SELECT snowid_next()", &[]) {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{}",
+            error_text(&error)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let last_error: Option<String> = client
+        .query_one("SELECT last_error FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(last_error, None);
 }
 
 #[test]
