@@ -3,6 +3,7 @@
 use crate::errors::SnowidError;
 use crate::generator::{Clock, IssuingState, Refusal, Refused, StampRun, SystemClock, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
+use crate::lease::Fence;
 use crate::{base32, gucs, registry, shmem};
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
@@ -136,7 +137,10 @@ fn snowid_take_over_fenced() -> String {
         });
     let asked = shmem::update_lease_status(|status| {
         status.takeover.asked = status.takeover.asked.wrapping_add(1);
-        status.takeover.fenced_at_ms = fenced_at_ms;
+        status.takeover.fence = Fence {
+            fenced_at_ms,
+            max_skew_ms: gucs::max_clock_skew_ms(),
+        };
         status.takeover.asked
     });
     shmem::wake_lease_worker();

@@ -13,8 +13,8 @@
 //! - the clock reads earlier than the last stamp: if the step back is at most `max_backward_ms`,
 //!   sleep until the clock catches up; otherwise refuse.
 //!
-//! A wait never outlasts `max_backward_ms + STALLED_CLOCK_MS` of monotonic time: a wall clock that does
-//! not move is refused rather than spun on forever.
+//! A wait for the clock never outlasts `max_backward_ms + STALLED_CLOCK_MS` of monotonic time: a wall
+//! clock that does not move is refused rather than spun on forever.
 //!
 //! A third wait is the lease's: a caller that reaches the ceiling the lease worker moves on (see
 //! [`Grant::moves_up_to_ms`]) sleeps until the worker has moved it, or until the lease's deadline,

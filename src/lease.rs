@@ -179,8 +179,8 @@ pub struct Status {
     /// Set while the worker connects to `snowid.database`: still set at the next start, the
     /// connection failed (the database is missing), and the worker checks before connecting again.
     pub connect_pending: bool,
-    /// The lease worker's process id, for backends that wake it.
-    pub worker_pid: i32,
+    /// The address of the lease worker's latch (see `shmem::own_latch`); 0 while none runs.
+    pub worker_latch: usize,
     /// The latest takeover asked for (see [`Takeover`]).
     pub takeover: Takeover,
 }
@@ -188,7 +188,7 @@ pub struct Status {
 /// What a takeover from a fenced primary vouches for: the primary issues nothing after
 /// `fenced_at_ms` (milliseconds since the snowid epoch, by this server's clock), and its clock is at
 /// most `max_skew_ms` ahead of this server's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Fence {
     pub fenced_at_ms: u64,
     pub max_skew_ms: u64,
@@ -200,9 +200,8 @@ pub struct Fence {
 pub struct Takeover {
     /// Counts the takeovers asked for; the worker answers each in turn.
     pub asked: u32,
-    /// Milliseconds since the snowid epoch, by this server's clock, after which the fenced
-    /// primary issues nothing.
-    pub fenced_at_ms: u64,
+    /// What the caller vouches for.
+    pub fence: Fence,
     /// The last takeover answered, and how.
     pub answered: u32,
     pub failed: bool,

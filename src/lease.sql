@@ -146,14 +146,17 @@ END
 $$;
 
 -- Takes a worker id over at once, for a standby that a failover manager promoted after fencing
--- the primary that holds it: a holder of the same cluster (the same system identifier) that
--- claimed the lease on an earlier timeline, with the caller's login role. The caller vouches that
--- the holder issues nothing after p_fence_ms (milliseconds since 2026-01-01 by the caller's clock);
+-- the primary that holds it: a holder of the same cluster (the same system identifier and the same
+-- cluster_name, which Patroni sets to its scope) that claimed the lease on an earlier timeline, with
+-- the caller's login role. The caller vouches that the holder issues nothing after p_fence_ms
+-- (milliseconds since 2026-01-01 by the caller's clock);
 -- the holder's clock may be up to p_max_skew_ms ahead of the caller's, so the new holder starts at
 -- p_fence_ms + p_max_skew_ms instead of the holder's reservation, and never below the mark the
--- holder took the row at; its release lowers the mark no further than that start. Refused (55000) when the holder's clock read further ahead than that at
--- its last claim. A free, released, expired (with p_takeover_on_expiry) or own row is claimed as
--- lease_claim claims it. taken_from names the holder taken over from; NULL for an ordinary claim.
+-- holder took the row at; its release lowers the mark no further than that start. Refused (55000)
+-- when the holder's clock was seen further ahead than that: at its last claim, or in the
+-- reservations it made since it took the row (which assumes that the nodes share one lease_ttl). A
+-- free, released, expired (with p_takeover_on_expiry) or own row is claimed as lease_claim claims
+-- it. taken_from names the holder taken over from; NULL for an ordinary claim.
 CREATE FUNCTION snowid.lease_take_over(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
     p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
@@ -181,8 +184,10 @@ BEGIN
         END IF;
         EXIT WHEN lease.holder IS NULL OR lease.holder = p_holder
             OR (p_takeover_on_expiry AND lease.expires_at <= clock_timestamp());
-        IF split_part(lease.holder, '-', 1) <> split_part(p_holder, '-', 1) THEN
-            RAISE EXCEPTION 'worker id % is held by %, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server''s own cluster',
+        IF split_part(lease.holder, '-', 1) <> split_part(p_holder, '-', 1)
+           OR position('@' IN p_holder_name) = 0
+           OR split_part(lease.holder_name, '@', 1) IS DISTINCT FROM split_part(p_holder_name, '@', 1) THEN
+            RAISE EXCEPTION 'worker id % is held by %, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server''s own cluster (the same system identifier and cluster_name)',
                 p_worker_id, lease.holder_name USING ERRCODE = '55000';
         END IF;
         IF lease.holder_timeline IS NULL OR lease.holder_clock_ms IS NULL THEN
@@ -198,11 +203,14 @@ BEGIN
                 p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
                 USING ERRCODE = '42501';
         END IF;
-        -- How far the holder's clock was ahead of the caller's: directly, at its last claim; and,
-        -- on a shared registry, each clock against this registry's own at its claim.
+        -- How far the holder's clock was ahead of the caller's: directly, at its last claim; on a
+        -- shared registry, each clock against this registry's own at its claim; and in the highest
+        -- reservation it made since it took the row (its clock then, plus a time-to-live).
         ahead_ms := greatest(lease.holder_clock_ms - p_fence_ms,
             (lease.holder_clock_ms - ((extract(epoch FROM lease.renewed_at) * 1000)::bigint - 1767225600000))
-            - (p_fence_ms - registry_ms));
+            - (p_fence_ms - registry_ms),
+            CASE WHEN lease.high_water_ms > coalesce(lease.acquired_mark_ms, 0)
+                 THEN lease.high_water_ms - p_ttl_ms - p_fence_ms END);
         IF ahead_ms > p_max_skew_ms THEN
             RAISE EXCEPTION 'the clock of %, which holds worker id %, read % ms ahead of this server''s, more than snowid.max_clock_skew (% ms) allows: it may have issued ids above where this server would start',
                 lease.holder_name, p_worker_id, ahead_ms, p_max_skew_ms USING ERRCODE = '55000';

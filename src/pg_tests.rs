@@ -496,15 +496,24 @@ mod tests {
         assert_eq!(one::<i32>("SELECT snowid_worker_id(snowid_next())"), 17);
     }
 
-    /// Inserts a lease row for worker id `worker_id` held by `holder`, who claimed it on timeline
-    /// `timeline` with its clock at `clock_ahead_ms` from now.
-    fn held_row(worker_id: i32, holder: &str, timeline: &str, clock_ahead_ms: i64) {
+    /// Inserts a lease row for worker id `worker_id` held by `holder` named `name`, who claimed it
+    /// on timeline `timeline` with its clock at `clock_ahead_ms` from now, and reserved 30 s beyond
+    /// a clock `reserved_ahead_ms` from now.
+    fn held_row(
+        worker_id: i32,
+        holder: &str,
+        name: &str,
+        timeline: &str,
+        clock_ahead_ms: i64,
+        reserved_ahead_ms: i64,
+    ) {
         Spi::run(&format!(
             "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, holder_name, renewed_at,
                  expires_at, high_water_ms, holder_role, acquired_mark_ms, holder_timeline, holder_clock_ms)
-             VALUES ({worker_id}, '{holder}', 'run', 'old@db1:5432', clock_timestamp(),
-                 clock_timestamp() + interval '30 seconds', 40000000000, current_user, 1000, {timeline},
-                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + {clock_ahead_ms})"
+             SELECT {worker_id}, '{holder}', 'run', '{name}', clock_timestamp(),
+                 clock_timestamp() + interval '30 seconds', now_ms + {reserved_ahead_ms} + 30000,
+                 current_user, 1000, {timeline}, now_ms + {clock_ahead_ms}
+               FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 AS now_ms) n"
         ))
         .unwrap();
     }
@@ -513,29 +522,29 @@ mod tests {
     /// skew of 1 s: granted, floor_ms less the fence, taken_from.
     const TAKE_OVER: &str = "SELECT granted, floor_ms - fence, taken_from
            FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 AS fence) f,
-                snowid.lease_take_over($1, '111-new', 'inc', 'new@db2:5432', 30000,
+                snowid.lease_take_over($1, '111-new', 'inc', 'pg@db2:5432', 30000,
                                        f.fence + 30000, false, 2, f.fence, 1000)";
 
     #[pg_test]
     fn a_fenced_primary_of_the_same_cluster_is_taken_over_above_the_fence() {
-        held_row(910, "111-old", "1", 0);
+        held_row(910, "111-old", "pg@db1:5432", "1", 0, 0);
+        let mark_before: i64 =
+            one("SELECT high_water_ms FROM snowid.worker_lease WHERE worker_id = 910");
         let (granted, above_fence, taken_from) =
             Spi::get_three_with_args::<bool, i64, String>(TAKE_OVER, &[910.into()]).unwrap();
         assert_eq!(
             (granted, above_fence, taken_from.as_deref()),
-            (Some(true), Some(1000), Some("old@db1:5432"))
+            (Some(true), Some(1000), Some("pg@db1:5432"))
         );
-        let row: (Option<String>, Option<i64>, Option<bool>) = Spi::get_three(
-            "SELECT holder || ' ' || holder_timeline, high_water_ms,
+        let row: (Option<String>, Option<bool>, Option<bool>) = Spi::get_three_with_args(
+            "SELECT holder || ' ' || holder_timeline, high_water_ms >= $1,
                     acquired_mark_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000
                FROM snowid.worker_lease WHERE worker_id = 910",
+            &[mark_before.into()],
         )
         .unwrap();
         // The mark never goes down; the new holder's release goes no lower than where it starts.
-        assert_eq!(
-            row,
-            (Some("111-new 2".into()), Some(40_000_000_000), Some(true))
-        );
+        assert_eq!(row, (Some("111-new 2".into()), Some(true), Some(true)));
         // A free row is claimed as lease_claim claims it.
         let (granted, _, taken_from) =
             Spi::get_three_with_args::<bool, i64, String>(TAKE_OVER, &[911.into()]).unwrap();
@@ -544,35 +553,43 @@ mod tests {
 
     #[pg_test]
     fn a_takeover_is_refused_from_another_cluster_a_later_timeline_an_old_claim_or_a_clock_ahead() {
-        held_row(912, "222-other", "1", 0);
-        held_row(913, "111-old", "2", 0);
-        held_row(914, "111-old", "NULL", 0);
-        held_row(915, "111-old", "1", 5000);
+        held_row(912, "222-other", "pg@db1:5432", "1", 0, 0);
+        held_row(913, "111-old", "pg@db1:5432", "2", 0, 0);
+        held_row(914, "111-old", "pg@db1:5432", "NULL", 0, 0);
+        held_row(915, "111-old", "pg@db1:5432", "1", 5000, 5000);
+        // A clock that ran a minute ahead earlier in the holder's tenure, and went back since.
+        held_row(916, "111-old", "pg@db1:5432", "1", 0, 60000);
+        // The same system identifier in another Patroni cluster (a standby cluster, promoted).
+        held_row(917, "111-old", "dr@db9:5432", "1", 0, 0);
         let take_over = |worker_id: i32| error_of(&TAKE_OVER.replace("$1", &worker_id.to_string()));
-        assert_eq!(
-            take_over(912),
-            "55000: worker id 912 is held by old@db1:5432, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster"
-        );
+        for (worker_id, name) in [(912, "pg@db1:5432"), (917, "dr@db9:5432")] {
+            assert_eq!(
+                take_over(worker_id),
+                format!("55000: worker id {worker_id} is held by {name}, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster (the same system identifier and cluster_name)")
+            );
+        }
         assert_eq!(
             take_over(913),
-            "55000: worker id 913 is held by old@db1:5432, on timeline 2, not before this server's timeline 2: it is not a primary this server was promoted after"
+            "55000: worker id 913 is held by pg@db1:5432, on timeline 2, not before this server's timeline 2: it is not a primary this server was promoted after"
         );
         assert_eq!(
             take_over(914),
-            "55000: worker id 914 is held by old@db1:5432, which claimed it with a snowid older than 0.5.0 and recorded neither its timeline nor its clock"
+            "55000: worker id 914 is held by pg@db1:5432, which claimed it with a snowid older than 0.5.0 and recorded neither its timeline nor its clock"
         );
-        let skew = take_over(915);
-        let ahead_ms: i64 = skew
-            .strip_prefix("55000: the clock of old@db1:5432, which holds worker id 915, read ")
-            .and_then(|rest| rest.strip_suffix(" ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"))
-            .and_then(|ms| ms.parse().ok())
-            .unwrap_or_else(|| panic!("{skew}"));
-        assert!((4990..=5010).contains(&ahead_ms), "{skew}");
+        for (worker_id, ahead) in [(915, 5000), (916, 60000)] {
+            let skew = take_over(worker_id);
+            let ahead_ms: i64 = skew
+                .strip_prefix(&format!("55000: the clock of pg@db1:5432, which holds worker id {worker_id}, read "))
+                .and_then(|rest| rest.strip_suffix(" ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"))
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or_else(|| panic!("{skew}"));
+            assert!((ahead - 10..=ahead + 10).contains(&ahead_ms), "{skew}");
+        }
         let holders: String = one(
-            "SELECT string_agg(holder, ',' ORDER BY worker_id) FROM snowid.worker_lease WHERE worker_id BETWEEN 912 AND 915",
+            "SELECT string_agg(holder, ',' ORDER BY worker_id) FROM snowid.worker_lease WHERE worker_id BETWEEN 912 AND 917",
         );
         assert_eq!(
-            holders, "222-other,111-old,111-old,111-old",
+            holders, "222-other,111-old,111-old,111-old,111-old,111-old",
             "nothing taken"
         );
     }

@@ -8,8 +8,9 @@
 //! - `ISSUING`, the [`IssuingState`]: the last stamp issued, the lease gate and the counters, all
 //!   atomics. Issuing an id takes no lock: a backend checks the gate and claims its stamps with one
 //!   compare-and-swap on the last stamp (see `generator`), so backends never wait for each other.
-//!   A backend that waits (for the next millisecond, or for a clock that stepped back a little)
-//!   holds nothing: it spins or sleeps on its own latch, answering cancel, timeouts and termination.
+//!   A backend that waits (for the next millisecond, for a clock that stepped back a little, or for
+//!   the lease worker to move the ceiling on) holds nothing: it spins or sleeps on its own latch,
+//!   answering cancel, timeouts and termination.
 //!   The lease worker opens and closes the gate with plain atomic stores.
 //! - `LOCK`, the LWLock named `snowid`, guarding the lease [`Status`]: the lease worker takes it
 //!   exclusively to record what the registry said; a backend takes it shared to explain a refusal
@@ -180,13 +181,23 @@ pub fn exit_for_restart() -> ! {
     }
 }
 
-/// Sets the lease worker's latch, so that it looks at the lease status at once: SIGUSR1, which
-/// PostgreSQL's handler in every process connected to a database answers by setting its latch.
+/// The address of this process's latch in its PGPROC, for others to set: the lease worker records
+/// it so that backends can wake it.
+pub fn own_latch() -> usize {
+    // SAFETY: MyProc is this process's PGPROC, set up before any extension code runs in a process
+    // attached to shared memory; only the address of its latch is taken.
+    unsafe { std::ptr::addr_of_mut!((*pg_sys::MyProc).procLatch) as usize }
+}
+
+/// Sets the lease worker's latch, so that it looks at the lease status at once.
 pub fn wake_lease_worker() {
-    let pid = lease_status().worker_pid;
-    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-        // A worker that has just exited is started again, and looks at the status as it starts.
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::USR1);
+    let latch = lease_status().worker_latch;
+    if latch != 0 {
+        // SAFETY: the address is of a latch in the PGPROC array, which lives in shared memory at
+        // the same address in every process of the server. Setting a PGPROC's latch is how
+        // PostgreSQL itself wakes another process; should the worker have exited and its PGPROC
+        // gone to another process, that process only wakes once for nothing.
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) }
     }
 }
 

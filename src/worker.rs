@@ -81,14 +81,11 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         holding: None,
         slowness: Slowness::default(),
     };
-    shmem::update_lease_status(|status| status.worker_pid = std::process::id() as i32);
+    shmem::update_lease_status(|status| status.worker_latch = shmem::own_latch());
     let mut next_claim_ns = 0;
     loop {
         let takeover = shmem::lease_status().takeover;
-        let asked = (takeover.asked != takeover.answered).then(|| Fence {
-            fenced_at_ms: takeover.fenced_at_ms,
-            max_skew_ms: gucs::max_clock_skew_ms(),
-        });
+        let asked = (takeover.asked != takeover.answered).then_some(takeover.fence);
         if asked.is_some() || SystemClock.monotonic_ns() >= next_claim_ns {
             let sent_ns = SystemClock.monotonic_ns();
             let (retry_after, outcome) = worker.claim(sent_ns, asked);
@@ -104,6 +101,11 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         let mut pause_ns = next_claim_ns.saturating_sub(SystemClock.monotonic_ns());
         if let Some(check_every) = worker.keep_ceiling() {
             pause_ns = pause_ns.min(check_every.as_nanos() as u64);
+        }
+        // A takeover asked for meanwhile, whose wake a registry call may have swallowed.
+        let takeover = shmem::lease_status().takeover;
+        if takeover.asked != takeover.answered {
+            pause_ns = 0;
         }
         let pause = Duration::from_nanos(pause_ns);
         let paused = Instant::now();
@@ -472,6 +474,7 @@ fn throttle_restarts() -> bool {
 /// On SIGTERM: a worker terminated alone leaves for a new one to take over; at a shutdown, it closes
 /// the gate and releases the lease, lowering the mark to just above the last id issued.
 fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
+    shmem::update_lease_status(|status| status.worker_latch = 0);
     signals::leave_unless_server_stopping();
     shmem::update_lease_status(|status| status.state = State::Released);
     let high_water_ms = state.close_gate(&SystemClock);

@@ -92,6 +92,12 @@ const FAST: Timing = Timing {
     retry_timeout: 3,
 };
 
+const DEFAULTS: Timing = Timing {
+    ttl: 30,
+    loop_wait: 10,
+    retry_timeout: 10,
+};
+
 /// A Patroni node: its Patroni process and PostgreSQL server, run as `postgres`.
 struct Node {
     name: String,
@@ -447,45 +453,86 @@ fn assert_no_id_twice(seen: &Seen) {
 }
 
 /// The scenarios of one registry mode, in order, on one Patroni cluster.
+/// A two-node Patroni cluster with `timing`, leader node1, replica node2 streaming, snowid created
+/// with the table `items`; with `shared_registry`, a registry server beside it. Kept alive by the
+/// returned parts.
+struct PatroniCluster {
+    base: PathBuf,
+    _etcd: Process,
+    _registry: Option<Cluster>,
+    one: Node,
+    two: Node,
+    mode: &'static str,
+}
+
+impl PatroniCluster {
+    fn start(shared_registry: bool, timing: Timing) -> PatroniCluster {
+        let base = std::env::temp_dir().join(format!(
+            "snowid-patroni-{}-{}-{}",
+            if shared_registry { "shared" } else { "local" },
+            timing.ttl,
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(&base).unwrap();
+        let (etcd, etcd_port) = start_etcd(&base);
+        let registry = shared_registry.then(|| {
+            let registry = Cluster::start("patroni-registry", &[]);
+            registry
+                .connect()
+                .batch_execute("CREATE EXTENSION snowid")
+                .unwrap();
+            registry
+        });
+        let registry_port = registry.as_ref().map(|registry| registry.port);
+        let mut one = Node::new(&base, "node1", etcd_port, timing, registry_port);
+        let mut two = Node::new(&base, "node2", etcd_port, timing, registry_port);
+        one.start();
+        wait_for_promotion(&one, Duration::from_secs(90));
+        one.connect()
+            .unwrap()
+            .batch_execute(
+                "CREATE EXTENSION snowid;
+                 CREATE TABLE items (id bigint PRIMARY KEY DEFAULT snowid_next())",
+            )
+            .unwrap();
+        two.start();
+        wait_until("node2 streaming", Duration::from_secs(90), || {
+            two.is_primary() == Some(false)
+        });
+        PatroniCluster {
+            base,
+            _etcd: etcd,
+            _registry: registry,
+            one,
+            two,
+            mode: if shared_registry {
+                "shared registry"
+            } else {
+                "lease table on the nodes"
+            },
+        }
+    }
+
+    /// How many times the hook answered `what` on either node.
+    fn hook_answers(&self, what: &str) -> usize {
+        let line = format!("snowid-on-role-change: {what}");
+        self.one.log().matches(&line).count() + self.two.log().matches(&line).count()
+    }
+}
+
+impl Drop for PatroniCluster {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.base);
+    }
+}
+
+/// The scenarios of one registry mode, in order, on one Patroni cluster with the fast timing.
 fn switchover_failover_rejoin_and_switch_back(shared_registry: bool) {
     let _machine = alone();
-    let base = std::env::temp_dir().join(format!(
-        "snowid-patroni-{}-{}",
-        if shared_registry { "shared" } else { "local" },
-        std::process::id()
-    ));
-    let _ = fs::remove_dir_all(&base);
-    fs::create_dir_all(&base).unwrap();
-    let (_etcd, etcd_port) = start_etcd(&base);
-    let registry = shared_registry.then(|| {
-        let registry = Cluster::start("patroni-registry", &[]);
-        registry
-            .connect()
-            .batch_execute("CREATE EXTENSION snowid")
-            .unwrap();
-        registry
-    });
-    let registry_port = registry.as_ref().map(|registry| registry.port);
-    let mut one = Node::new(&base, "node1", etcd_port, FAST, registry_port);
-    let mut two = Node::new(&base, "node2", etcd_port, FAST, registry_port);
-    one.start();
-    wait_for_promotion(&one, Duration::from_secs(60));
-    one.connect()
-        .unwrap()
-        .batch_execute(
-            "CREATE EXTENSION snowid;
-             CREATE TABLE items (id bigint PRIMARY KEY DEFAULT snowid_next())",
-        )
-        .unwrap();
-    two.start();
-    wait_until("node2 streaming", Duration::from_secs(60), || {
-        two.is_primary() == Some(false)
-    });
-    let mode = if shared_registry {
-        "shared registry"
-    } else {
-        "lease table on the nodes"
-    };
+    let mut cluster = PatroniCluster::start(shared_registry, FAST);
+    let PatroniCluster { one, two, mode, .. } = &mut cluster;
+    let mode = *mode;
     let application = Application::start(&[&one, &two], false);
     let started = Instant::now();
     stall(&application, &one, started, Duration::from_secs(20));
@@ -540,6 +587,23 @@ fn switchover_failover_rejoin_and_switch_back(shared_registry: bool) {
         || two.is_primary() == Some(false),
     );
     assert_refuses_as_replica(&two);
+    // pg_rewind copied node1's ceiling over node2's own: it names node1 as its holder, so node2,
+    // promoted next, starts afresh rather than from it.
+    let holder_of = |node: &Node| -> String {
+        let text = fs::read_to_string(node.dir.join("data/snowid.ceiling")).unwrap_or_default();
+        text.lines().nth(1).unwrap_or_default().to_string()
+    };
+    if !shared_registry {
+        assert!(
+            holder_of(&one).starts_with("holder "),
+            "node1 records a ceiling"
+        );
+        assert_eq!(
+            holder_of(&two),
+            holder_of(&one),
+            "pg_rewind copied node1's ceiling"
+        );
+    }
 
     // Switch back: node2 leads again, above every id node1 issued.
     std::thread::sleep(Duration::from_secs(2));
@@ -660,18 +724,36 @@ fn switchover_failover_rejoin_and_switch_back(shared_registry: bool) {
         seen.errors.len()
     );
     assert_no_id_twice(&seen);
-    let hooks = one
-        .log()
-        .matches("snowid-on-role-change: worker id 5")
-        .count()
-        + two
-            .log()
-            .matches("snowid-on-role-change: worker id 5")
-            .count();
-    assert!(hooks >= 3, "the hook ran at each promotion");
-    drop(one);
-    drop(two);
-    let _ = fs::remove_dir_all(&base);
+    // The hook ran at every promotion: two took the worker id over, two found it released.
+    assert_eq!(
+        cluster.hook_answers("worker id 5 taken over from snowid-patroni@"),
+        2
+    );
+    assert_eq!(cluster.hook_answers("worker id 5 needed no takeover"), 2);
+}
+
+/// A failover with Patroni's default timing (ttl 30 s, loop_wait 10 s, retry_timeout 10 s) and a
+/// shared registry, where the dead primary's lease has run out by the promotion.
+#[test]
+fn under_patroni_with_its_default_timing_and_a_shared_registry() {
+    let _machine = alone();
+    let mut cluster = PatroniCluster::start(true, DEFAULTS);
+    let PatroniCluster { one, two, mode, .. } = &mut cluster;
+    let application = Application::start(&[&*one, &*two], false);
+    stall(&application, one, Instant::now(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(2));
+    one.kill();
+    let killed = Instant::now();
+    let promoted = wait_for_promotion(two, Duration::from_secs(90));
+    let back = stall(&application, two, promoted, Duration::from_secs(60));
+    println!(
+        "{mode}, Patroni's default timing: failover: node2 promoted {:?} after node1 died, ids again {back:?} after the promotion",
+        promoted - killed
+    );
+    assert!(back <= Duration::from_secs(2), "{back:?}");
+    let seen = application.finish();
+    assert_no_id_twice(&seen);
+    assert_eq!(cluster.hook_answers("worker id 5 "), 1);
 }
 
 #[test]
