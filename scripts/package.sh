@@ -22,6 +22,8 @@ cp -a "$built$("$PG_CONFIG" --sharedir)/extension/." "$root/usr/share/postgresql
 install -m 644 sql/snowid--*.sql "$root/usr/share/postgresql/$major/extension/"
 install -d "$root/usr/lib/postgresql/$major/bin"
 install -m 755 contrib/patroni/snowid-on-role-change "$root/usr/lib/postgresql/$major/bin/"
+install -d "$root/usr/share/postgresql/$major/contrib/snowid/prometheus"
+install -m 644 contrib/prometheus/* "$root/usr/share/postgresql/$major/contrib/snowid/prometheus/"
 cat >"$root/DEBIAN/control" <<CONTROL
 Package: postgresql-$major-snowid
 Version: $version

@@ -24,10 +24,11 @@ pg_config_of() {
 }
 
 # make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18; postgresql-15-partman is
-# for the partitioning tests; Patroni and etcd for the failover tests.
+# for the partitioning tests; Patroni and etcd for the failover tests; postgres_exporter and
+# Prometheus (for promtool) for the monitoring tests.
 packages=(postgresql-15 postgresql-server-dev-15 libpq-dev openssl clang libclang-dev pkg-config libssl-dev
     faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev postgresql-15-partman
-    patroni etcd-server etcd-client)
+    patroni etcd-server etcd-client prometheus-postgres-exporter prometheus)
 # The client examples (clients/) run under Node.js with npm and Python with venv; Debian's serve
 # where the machine has neither.
 command -v npm >/dev/null || packages+=(nodejs npm)

@@ -17,7 +17,9 @@ test_package() {
     contents=$(dpkg-deb -c "$deb")
     for file in "lib/postgresql/$major/lib/snowid.so" "postgresql/$major/extension/snowid.control" \
         "postgresql/$major/extension/snowid--0.1.0.sql" "postgresql/$major/extension/snowid--0.4.0--0.5.0.sql" \
-        "lib/postgresql/$major/bin/snowid-on-role-change"; do
+        "lib/postgresql/$major/bin/snowid-on-role-change" \
+        "postgresql/$major/contrib/snowid/prometheus/queries.yaml" \
+        "postgresql/$major/contrib/snowid/prometheus/snowid-alerts.yml"; do
         grep -q "$file\$" <<<"$contents" || { echo "$deb lacks $file" >&2; return 1; }
     done
     local library

@@ -1,7 +1,9 @@
 -- snowid 0.4.0 -> 0.5.0: snowid_status() counts the calls that waited for the lease worker to move
--- the ceiling on (ceiling_waits); a promoted standby takes its worker id over at once from the
--- fenced primary it was promoted after (snowid_take_over_fenced(), snowid.lease_take_over()), for
--- which every claim now records the claimant's timeline and clock.
+-- the ceiling on (ceiling_waits) and every refused call (refused_calls; snowid_refusals() counts
+-- them by reason), and says whether the lease is held, for how much longer, and whether the server
+-- is in recovery; a promoted standby takes its worker id over at once from the fenced primary it
+-- was promoted after (snowid_take_over_fenced(), snowid.lease_take_over()), for which every claim
+-- now records the claimant's timeline and clock.
 
 -- A function's result type cannot change in place.
 DROP FUNCTION snowid_status();
@@ -18,11 +20,23 @@ CREATE FUNCTION snowid_status() RETURNS TABLE (
 	registry text,
 	high_water_mark timestamp with time zone,
 	last_error text,
-	ceiling_waits bigint
+	ceiling_waits bigint,
+	refused_calls bigint,
+	lease_held boolean,
+	lease_seconds_left double precision,
+	in_recovery boolean
 )
 STRICT VOLATILE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'snowid_status_wrapper';
+
+CREATE FUNCTION snowid_refusals() RETURNS TABLE (
+	reason text,
+	calls bigint
+)
+STRICT VOLATILE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowid_refusals_wrapper';
 
 ALTER TABLE snowid.worker_lease ADD COLUMN holder_timeline bigint, ADD COLUMN holder_clock_ms bigint;
 COMMENT ON COLUMN snowid.worker_lease.holder_timeline IS 'The WAL timeline the holder claimed the lease on';

@@ -1,9 +1,10 @@
 //! The SQL functions: thin wrappers over `layout`, `base32` and `generator`.
 
 use crate::errors::SnowidError;
-use crate::generator::{Clock, IssuingState, Refusal, Refused, StampRun, SystemClock, Waiter};
+use crate::generator::{Clock, IssuingState, Refusal, StampRun, SystemClock, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
 use crate::lease::Fence;
+use crate::refusals::Reason;
 use crate::{base32, gucs, registry, shmem};
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
@@ -19,33 +20,63 @@ struct Issuer {
 
 impl Issuer {
     fn get(function: &'static str) -> Issuer {
+        // Without the preload there is no shared memory to count the refusal in.
         let Some(state) = shmem::issuing_state() else {
             SnowidError::NotPreloaded.raise(function)
         };
+        let issuer = Issuer { state, function };
         if gucs::any_worker_id_without_registry() {
-            SnowidError::AnyWorkerIdWithoutRegistry.raise(function)
+            issuer.refuse(
+                Reason::NotConfigured,
+                SnowidError::AnyWorkerIdWithoutRegistry,
+            )
         }
         if !gucs::leases_a_worker_id() {
-            SnowidError::WorkerIdUnset.raise(function)
+            issuer.refuse(Reason::NotConfigured, SnowidError::WorkerIdUnset)
         }
-        Issuer { state, function }
+        issuer
     }
 
     fn claim(&self, wanted: u32) -> StampRun {
-        self.state
-            .issue(
-                &SystemClock,
-                &shmem::LatchWaiter,
-                wanted,
-                gucs::max_clock_backward_ms(),
-            )
-            .unwrap_or_else(|refused| {
-                if refused.refusal == Refusal::NotLeased && shmem::in_recovery() {
-                    SnowidError::InRecovery.raise(self.function)
+        let issued = self.state.issue(
+            &SystemClock,
+            &shmem::LatchWaiter,
+            wanted,
+            gucs::max_clock_backward_ms(),
+        );
+        match issued {
+            Ok(run) => {
+                if let Some(end) = self.state.refusals().issued(unix_now_ms()) {
+                    log!(
+                        "snowid issues ids again, after {:.3} s of refusals: {} calls were refused",
+                        end.lasted_ms as f64 / 1000.0,
+                        end.refused
+                    );
                 }
-                SnowidError::Refused(refused).raise(self.function)
-            })
+                run
+            }
+            Err(refusal) => {
+                let in_recovery = refusal == Refusal::NotLeased && shmem::in_recovery();
+                let reason = Reason::of(refusal, in_recovery, shmem::lease_status().state);
+                let error = if in_recovery {
+                    SnowidError::InRecovery
+                } else {
+                    SnowidError::Refused(refusal)
+                };
+                self.refuse(reason, error)
+            }
+        }
     }
+
+    /// Counts a refused call and raises `error`, with a WARNING when it begins an episode.
+    fn refuse(&self, reason: Reason, error: SnowidError) -> ! {
+        let begins_episode = self.state.refusals().refused(reason, unix_now_ms());
+        error.raise_refusal(self.function, begins_episode)
+    }
+}
+
+fn unix_now_ms() -> u64 {
+    u64::try_from(SystemClock.unix_millis()).unwrap_or(0)
 }
 
 /// A fresh id, greater than every id this server issued before it.
@@ -129,11 +160,7 @@ fn snowid_take_over_fenced() -> String {
     }
     let fenced_at_ms =
         layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or_else(|range| {
-            SnowidError::Refused(Refused {
-                refusal: Refusal::ClockOutOfRange(range),
-                first_of_episode: false,
-            })
-            .raise(FUNCTION)
+            SnowidError::Refused(Refusal::ClockOutOfRange(range)).raise(FUNCTION)
         });
     let asked = shmem::update_lease_status(|status| {
         status.takeover.asked = status.takeover.asked.wrapping_add(1);
@@ -263,12 +290,17 @@ fn snowid_status() -> TableIterator<
         name!(high_water_mark, Option<TimestampWithTimeZone>),
         name!(last_error, Option<String>),
         name!(ceiling_waits, i64),
+        name!(refused_calls, i64),
+        name!(lease_held, bool),
+        name!(lease_seconds_left, f64),
+        name!(in_recovery, bool),
     ),
 > {
     let Some(state) = shmem::issuing_state() else {
         SnowidError::NotPreloaded.raise("snowid_status")
     };
     let snapshot = state.snapshot();
+    let lease_left = state.lease_left(&SystemClock);
     let lease = shmem::lease_status();
     let worker_id = lease.worker_id.or(gucs::worker_id());
     let count = |counter: u64| i64::try_from(counter).unwrap_or(i64::MAX);
@@ -295,5 +327,22 @@ fn snowid_status() -> TableIterator<
             .then(|| timestamp_of_millis(lease.high_water_ms.min(layout::MAX_MILLIS))),
         text(lease.last_error.as_str()).or(text(lease.ceiling_error.as_str())),
         count(snapshot.ceiling_waits),
+        count(state.refusals().total()),
+        !lease_left.is_zero(),
+        lease_left.as_secs_f64(),
+        shmem::in_recovery(),
     ))
+}
+
+/// The calls refused since the server started, by reason: one row for every reason, in a fixed
+/// order, for monitoring.
+#[pg_extern(volatile)]
+fn snowid_refusals() -> TableIterator<'static, (name!(reason, String), name!(calls, i64))> {
+    let Some(state) = shmem::issuing_state() else {
+        SnowidError::NotPreloaded.raise("snowid_refusals")
+    };
+    TableIterator::new(Reason::ALL.iter().map(move |&reason| {
+        let calls = i64::try_from(state.refusals().calls(reason)).unwrap_or(i64::MAX);
+        (reason.label().to_string(), calls)
+    }))
 }

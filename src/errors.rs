@@ -10,7 +10,7 @@
 //!   wrong, and retrying the same call fails the same way.
 
 use crate::base32::{self, InvalidBase32};
-use crate::generator::{Clock, Refusal, Refused, SystemClock};
+use crate::generator::{Clock, Refusal, SystemClock};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
 use crate::{gucs, lease, shmem};
 use pgrx::pg_sys::panic::ErrorReport;
@@ -21,7 +21,7 @@ pub enum SnowidError {
     WorkerIdUnset,
     AnyWorkerIdWithoutRegistry,
     InRecovery,
-    Refused(Refused),
+    Refused(Refusal),
     NegativeId(NegativeId),
     InfiniteTimestamp,
     TimestampOutOfRange(TimestampOutOfRange),
@@ -37,8 +37,24 @@ pub enum SnowidError {
 impl SnowidError {
     /// Raises the error; PostgreSQL aborts the statement, nothing it did is kept.
     pub fn raise(self, function: &'static str) -> ! {
+        self.report(function).report(PgLogLevel::ERROR);
+        unreachable!("an ERROR report does not return")
+    }
+
+    /// Raises a refusal; when it begins an episode of refusals, the server log gets its message
+    /// as a WARNING first.
+    pub fn raise_refusal(self, function: &'static str, begins_episode: bool) -> ! {
+        let report = self.report(function);
+        if begins_episode {
+            pgrx::warning!("{}", report.message());
+        }
+        report.report(PgLogLevel::ERROR);
+        unreachable!("an ERROR report does not return")
+    }
+
+    fn report(self, function: &'static str) -> ErrorReport {
         use PgSqlErrorCode::*;
-        let report = match self {
+        match self {
             SnowidError::NotPreloaded => ErrorReport::new(
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 "snowid must be loaded via shared_preload_libraries",
@@ -69,7 +85,7 @@ impl SnowidError {
                 function,
             )
             .set_hint("Make ids on the primary; once this server is promoted it issues as soon as it holds the lease."),
-            SnowidError::Refused(Refused { refusal: Refusal::NotLeased, .. }) => {
+            SnowidError::Refused(Refusal::NotLeased) => {
                 let status = shmem::lease_status();
                 let worker_id = status.worker_id.or(gucs::worker_id());
                 let report = ErrorReport::new(
@@ -86,7 +102,7 @@ impl SnowidError {
                     None => report,
                 }
             }
-            SnowidError::Refused(Refused { refusal: Refusal::BoundReached, .. }) => {
+            SnowidError::Refused(Refusal::BoundReached) => {
                 let status = shmem::lease_status();
                 ErrorReport::new(
                     ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -98,14 +114,13 @@ impl SnowidError {
                 )
                 .set_hint("Issuing resumes by itself once the lease worker records a new bound; snowid_status() and the server log say more.")
             }
-            SnowidError::Refused(Refused { refusal: Refusal::ClockBehind { by_ms }, first_of_episode }) => clock_refusal(
+            SnowidError::Refused(Refusal::ClockBehind { by_ms }) => clock_refusal(
                 format!(": the system clock is {by_ms} ms behind the ids already issued for this worker id"),
                 "The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.",
                 "Retry once the clock has caught up; check the server's time synchronisation.",
-                first_of_episode,
                 function,
             ),
-            SnowidError::Refused(Refused { refusal: Refusal::BelowFloor { by_ms }, first_of_episode }) => {
+            SnowidError::Refused(Refusal::BelowFloor { by_ms }) => {
                 let status = shmem::lease_status();
                 let worker_id = status.worker_id.or(gucs::worker_id()).map_or(String::new(), |id| format!(" {id}"));
                 let reach = lease::format_unix_ms(SystemClock.unix_millis() + by_ms as i64);
@@ -113,18 +128,16 @@ impl SnowidError {
                     format!(" for another {by_ms} ms: this server has just taken the lease on worker id{worker_id}, and ids issued before under it reach {reach}"),
                     "This server issues only above every id issued before under its worker id, by itself before a restart or crash or by the server that held the worker id before it.",
                     "Retry once that time has passed. A wait of more than a second or two means this server's clock is behind the previous holder's: check its time synchronisation.",
-                    first_of_episode,
                     function,
                 )
             }
-            SnowidError::Refused(Refused { refusal: Refusal::ClockStalled { waited_ms }, first_of_episode }) => clock_refusal(
+            SnowidError::Refused(Refusal::ClockStalled { waited_ms }) => clock_refusal(
                 format!(": the system clock has not moved for {waited_ms} ms"),
                 "All ids of the clock's current millisecond are used; snowid waits for the next one only so long.",
                 "Retry; check the server's system clock.",
-                first_of_episode,
                 function,
             ),
-            SnowidError::Refused(Refused { refusal: Refusal::ClockOutOfRange(range), .. }) => ErrorReport::new(
+            SnowidError::Refused(Refusal::ClockOutOfRange(range)) => ErrorReport::new(
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 match range {
                     TimestampOutOfRange::BeforeEpoch => {
@@ -211,24 +224,13 @@ impl SnowidError {
                 function,
             )
             .set_hint("It goes on with the takeover; snowid_status() and the server log say more."),
-        };
-        report.report(PgLogLevel::ERROR);
-        unreachable!("an ERROR report does not return")
+        }
     }
 }
 
-/// A refusal caused by the clock, which the server log shows once an episode, as it begins.
-fn clock_refusal(
-    cause: String,
-    detail: &str,
-    hint: &str,
-    first_of_episode: bool,
-    function: &'static str,
-) -> ErrorReport {
+/// A refusal caused by the clock.
+fn clock_refusal(cause: String, detail: &str, hint: &str, function: &'static str) -> ErrorReport {
     let message = format!("snowid refuses to issue ids{cause}");
-    if first_of_episode {
-        pgrx::warning!("{message}");
-    }
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         message,

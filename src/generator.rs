@@ -23,6 +23,7 @@
 use crate::layout::{
     self, TimestampOutOfRange, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS,
 };
+use crate::refusals::Refusals;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -89,14 +90,6 @@ pub enum Refusal {
     ClockStalled { waited_ms: u64 },
     /// The clock reads a time the layout cannot hold.
     ClockOutOfRange(TimestampOutOfRange),
-}
-
-/// A refusal, and whether it is the first of its episode: the first since the last stamp changed,
-/// so that the server log gets one line for an episode, not one per call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refused {
-    pub refusal: Refusal,
-    pub first_of_episode: bool,
 }
 
 /// Consecutive stamps of one millisecond, claimed together under one worker id.
@@ -179,8 +172,8 @@ pub struct IssuingState {
     clock_backward_waits: AtomicU64,
     clock_backward_refusals: AtomicU64,
     ceiling_waits: AtomicU64,
-    /// The last stamp for which a refusal was counted as an episode.
-    refused_at_stamp: AtomicU64,
+    /// Written by every refused call (see `refusals`).
+    refusals: Refusals,
     /// Written only by `open_gate`, which the lease worker alone calls.
     grants: GrantHistory,
 }
@@ -219,7 +212,7 @@ impl IssuingState {
         waiter: &impl Waiter,
         wanted: u32,
         max_backward_ms: u64,
-    ) -> Result<StampRun, Refused> {
+    ) -> Result<StampRun, Refusal> {
         debug_assert!(wanted >= 1 && u64::from(wanted) <= IDS_PER_MILLI);
         // The millisecond this caller waits for, and since when. Others may claim the whole of it
         // first; the caller then waits for the next one, afresh.
@@ -232,7 +225,7 @@ impl IssuingState {
             // The word before the clock: the other way round, a caller paused between the two reads
             // would see stamps newer than its clock reading and take that for a step back.
             let last = self.last_stamp.load(Ordering::Acquire);
-            let now = clock_millis(clock).map_err(|refusal| self.refused(refusal, last))?;
+            let now = clock_millis(clock)?;
             match next(last, now, wanted) {
                 Next::Claim(mut run) => {
                     // After the wall clock was read, so that `close_gate` can bound what slips past.
@@ -240,11 +233,11 @@ impl IssuingState {
                     let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
                     let monotonic_ns = clock.monotonic_ns();
                     if monotonic_ns >= deadline_ns {
-                        return Err(self.refused(Refusal::NotLeased, last));
+                        return Err(Refusal::NotLeased);
                     }
                     if now >= gate >> WORKER_ID_BITS {
                         if now >= self.gate_moves_up_to_ms.load(Ordering::SeqCst) {
-                            return Err(self.refused(Refusal::BoundReached, last));
+                            return Err(Refusal::BoundReached);
                         }
                         let poll = match ceiling_poll {
                             None => {
@@ -282,7 +275,7 @@ impl IssuingState {
                                 waited.filter(|&w| w > wait_limit(max_backward_ms))
                             {
                                 let waited_ms = waited.as_millis() as u64;
-                                return Err(self.refused(Refusal::ClockStalled { waited_ms }, last));
+                                return Err(Refusal::ClockStalled { waited_ms });
                             }
                         }
                         _ => {
@@ -316,7 +309,7 @@ impl IssuingState {
                             }
                             other => other,
                         };
-                        return Err(self.refused(refusal, last));
+                        return Err(refusal);
                     }
                 }
             }
@@ -336,15 +329,19 @@ impl IssuingState {
             && clock.monotonic_ns() < self.gate_deadline_ns.load(Ordering::SeqCst)
     }
 
-    fn refused(&self, refusal: Refusal, last: u64) -> Refused {
-        let first_of_episode = match refusal {
-            Refusal::NotLeased | Refusal::BoundReached => false,
-            _ => self.refused_at_stamp.swap(last, Ordering::Relaxed) != last,
-        };
-        Refused {
-            refusal,
-            first_of_episode,
+    /// The counts of refused calls and the episode under way.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
+    /// How much longer the lease lets this server issue, on CLOCK_MONOTONIC; zero while the gate is
+    /// closed.
+    pub fn lease_left(&self, clock: &impl Clock) -> Duration {
+        if self.gate.load(Ordering::SeqCst) == 0 {
+            return Duration::ZERO;
         }
+        let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
+        Duration::from_nanos(deadline_ns.saturating_sub(clock.monotonic_ns()))
     }
 
     /// Lets issuing through as `grant` says. A new holder's floor lifts the last stamp first, so
@@ -549,10 +546,22 @@ mod tests {
         clock: &ScriptedClock,
         waiter: &CountingWaiter,
     ) -> Result<u64, Refusal> {
-        state
-            .issue(clock, waiter, 1, 5)
-            .map(|run| run.first)
-            .map_err(|refused| refused.refusal)
+        state.issue(clock, waiter, 1, 5).map(|run| run.first)
+    }
+
+    #[test]
+    fn lease_left_counts_down_to_the_deadline() {
+        let state = IssuingState::default();
+        let clock = ScriptedClock::new(&[T]);
+        assert_eq!(state.lease_left(&clock), Duration::ZERO, "gate closed");
+        // The scripted monotonic clock reads 100 µs at its first look.
+        state.open_gate(&Grant {
+            deadline_ns: 1_000_000,
+            ..OPEN
+        });
+        assert_eq!(state.lease_left(&clock), Duration::from_micros(900));
+        state.close_gate(&clock);
+        assert_eq!(state.lease_left(&clock), Duration::ZERO);
     }
 
     #[test]
@@ -643,9 +652,7 @@ mod tests {
         // Beyond what the worker moves the ceiling up to, nobody waits.
         clock.then(&[T + 30_000]);
         assert_eq!(
-            state
-                .issue(&clock, &worker, 1, 5)
-                .map_err(|refused| refused.refusal),
+            state.issue(&clock, &worker, 1, 5),
             Err(Refusal::BoundReached)
         );
         assert_eq!(worker.sleeps.get(), 3);
@@ -789,37 +796,6 @@ mod tests {
             ..OPEN
         });
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 1)));
-    }
-
-    #[test]
-    fn one_refusal_episode_until_an_id_is_issued() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
-        clock.then(&[T - 100]);
-        let episode = |state: &IssuingState| {
-            state
-                .issue(&clock, &waiter, 1, 5)
-                .unwrap_err()
-                .first_of_episode
-        };
-        assert!(episode(&state));
-        assert!(!episode(&state));
-        assert!(!episode(&state));
-        clock.then(&[T + 1]);
-        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 0)));
-        clock.then(&[T - 100]);
-        assert!(episode(&state), "a new episode once ids flowed again");
-        state.close_gate(&clock);
-        clock.then(&[T + 2]);
-        assert_eq!(
-            state.issue(&clock, &waiter, 1, 5),
-            Err(Refused {
-                refusal: Refusal::NotLeased,
-                first_of_episode: false
-            }),
-            "lease refusals are not logged from here"
-        );
     }
 
     #[test]
@@ -1034,9 +1010,7 @@ mod tests {
         );
         clock.then(&[T - 1]);
         assert_eq!(
-            state
-                .issue(&clock, &waiter, 1, 0)
-                .map_err(|refused| refused.refusal),
+            state.issue(&clock, &waiter, 1, 0),
             Err(Refusal::ClockBehind { by_ms: 1 })
         );
     }
@@ -1080,15 +1054,11 @@ mod tests {
             }
         }
         assert_eq!(
-            state
-                .issue(&Fixed(EPOCH_UNIX_MS - 1), &waiter, 1, 5)
-                .map_err(|refused| refused.refusal),
+            state.issue(&Fixed(EPOCH_UNIX_MS - 1), &waiter, 1, 5),
             Err(Refusal::ClockOutOfRange(TimestampOutOfRange::BeforeEpoch))
         );
         assert_eq!(
-            state
-                .issue(&Fixed(EPOCH_UNIX_MS + MAX_MILLIS as i64 + 1), &waiter, 1, 5)
-                .map_err(|refused| refused.refusal),
+            state.issue(&Fixed(EPOCH_UNIX_MS + MAX_MILLIS as i64 + 1), &waiter, 1, 5),
             Err(Refusal::ClockOutOfRange(
                 TimestampOutOfRange::AfterLastMillisecond
             ))
@@ -1145,7 +1115,7 @@ mod tests {
             for (delta, wanted) in steps {
                 reading += delta;
                 clock.then(&[reading as u64]);
-                match state.issue(&clock, &waiter, wanted.min(4096), 5).map_err(|refused| refused.refusal) {
+                match state.issue(&clock, &waiter, wanted.min(4096), 5) {
                     Ok(run) => {
                         prop_assert!(run.first > last_issued);
                         prop_assert!(run.count >= 1 && run.count <= wanted.min(4096));

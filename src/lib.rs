@@ -1,9 +1,9 @@
 //! snowid: unique, roughly time-ordered 64-bit ids made inside PostgreSQL.
 //!
-//! `layout`, `base32`, `generator`, `lease`, `ceiling` and `conninfo` hold the logic in plain Rust;
-//! `shmem` (shared memory and the server's own functions) and `pq` (libpq) are the only modules with
-//! raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are thin pgrx
-//! glue.
+//! `layout`, `base32`, `generator`, `refusals`, `lease`, `ceiling` and `conninfo` hold the logic in
+//! plain Rust; `shmem` (shared memory and the server's own functions) and `pq` (libpq) are the only
+//! modules with raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are
+//! thin pgrx glue.
 
 mod api;
 mod base32;
@@ -16,6 +16,7 @@ mod gucs;
 mod layout;
 mod lease;
 mod pq;
+mod refusals;
 mod registry;
 mod shmem;
 mod signals;

@@ -343,14 +343,30 @@ fn a_ceiling_that_cannot_be_recorded_is_refused_at_once_naming_why() {
     // Writable again, the next write lets ids through.
     std::fs::remove_dir(&blocker).unwrap();
     let started = Instant::now();
+    let mut refusals = 1;
     while let Err(error) = client.query_one("SELECT snowid_next()", &[]) {
         assert!(
             started.elapsed() < Duration::from_secs(2),
             "{}",
             error_text(&error)
         );
+        refusals += 1;
         std::thread::sleep(Duration::from_millis(10));
     }
+    // One WARNING for the episode, one LOG when it ended.
+    let log = cluster.log();
+    assert_eq!(
+        log.matches(&format!(
+            "WARNING:  snowid refuses to issue ids: the ceiling of worker id {WORKER_ID} is reached"
+        ))
+        .count(),
+        1
+    );
+    assert_eq!(
+        log.matches(&format!("s of refusals: {refusals} calls were refused"))
+            .count(),
+        1
+    );
     let last_error: Option<String> = client
         .query_one("SELECT last_error FROM snowid_status()", &[])
         .unwrap()
@@ -443,6 +459,7 @@ fn stopped_past_the_deadline(registry: Registry) {
 
     // Running again, the worker renews: issuing resumes above every id before.
     let started = Instant::now();
+    let mut refusals = calls.len() - first_refused;
     let id = loop {
         match client.query_one("SELECT snowid_next()", &[]) {
             Ok(row) => break row.get::<_, i64>(0),
@@ -452,11 +469,27 @@ fn stopped_past_the_deadline(registry: Registry) {
                     "{}",
                     error_text(&error)
                 );
+                refusals += 1;
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
     };
     assert!(ids.iter().all(|&before| before < id));
+    // One WARNING for the episode, one LOG when it ended.
+    let log = cluster.log();
+    assert_eq!(
+        log.matches(&format!(
+            "WARNING:  snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out"
+        ))
+        .count(),
+        1
+    );
+    assert_eq!(
+        log.matches(&format!("s of refusals: {refusals} calls were refused"))
+            .count(),
+        1,
+        "{log}"
+    );
 }
 
 #[test]

@@ -41,9 +41,9 @@ const CURRENT: &str = "0.5.0";
 /// lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
     if server_version_num(client) >= 180000 {
-        24
+        25
     } else {
-        22
+        23
     }
 }
 

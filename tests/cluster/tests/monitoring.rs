@@ -1,0 +1,275 @@
+//! Monitoring: Debian's prometheus-postgres-exporter with contrib/prometheus/queries.yaml, run as
+//! the README says, against servers that issue, refuse for a held worker id, or are standbys, with
+//! the metrics read over HTTP and their values asserted; promtool checking and unit-testing
+//! contrib/prometheus/snowid-alerts.yml; and the server log's one WARNING per refusal episode, with
+//! a LOG line when issuing resumes.
+
+use postgres::Client;
+use snowid_cluster_tests::{error_text, free_port, Cluster};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const CONTRIB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/prometheus");
+
+/// postgres_exporter on a loopback port for the server on `port`, killed when dropped.
+struct Exporter {
+    child: Child,
+    port: u16,
+}
+
+impl Exporter {
+    fn start(server_port: u16) -> Exporter {
+        let port = free_port();
+        let child = Command::new("prometheus-postgres-exporter")
+            .arg(format!("--extend.query-path={CONTRIB}/queries.yaml"))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .env(
+                "DATA_SOURCE_NAME",
+                format!("host=127.0.0.1 port={server_port} user=postgres dbname=postgres sslmode=disable"),
+            )
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("prometheus-postgres-exporter (Debian's package) runs");
+        Exporter { child, port }
+    }
+
+    /// The exporter's `/metrics`, once it answers.
+    fn scrape(&self) -> String {
+        let started = Instant::now();
+        loop {
+            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
+                stream
+                    .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                    .unwrap();
+                let mut response = String::new();
+                stream.read_to_string(&mut response).unwrap();
+                if let Some((_, body)) = response.split_once("\r\n\r\n") {
+                    return body.to_string();
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the exporter never answered"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of the one sample of `name` whose labels include every one of `labels`.
+fn sample(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    let found: Vec<f64> = metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            (metric == name && labels.iter().all(|label| rest.contains(label)))
+                .then(|| value.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{name} {labels:?} in:\n{metrics}");
+    found[0]
+}
+
+fn refuse(client: &mut Client, times: usize) -> String {
+    let mut last = String::new();
+    for _ in 0..times {
+        last = error_text(&client.query_one("SELECT snowid_next()", &[]).unwrap_err());
+    }
+    last
+}
+
+/// The log's lines that contain `text`, from `offset` on.
+fn log_lines(cluster: &Cluster, offset: usize, text: &str) -> usize {
+    cluster.log()[offset..].matches(text).count()
+}
+
+#[test]
+fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers() {
+    let (primary, mut client) = Cluster::start_leased("monitored", 5, &[], true);
+    client.query("SELECT snowid_next_batch(1000)", &[]).unwrap();
+    // Three calls refused with the clock ten seconds behind, then one issued.
+    primary.set_clock_offset("-10");
+    let log_before = primary.log().len();
+    let refusal = refuse(&mut client, 3);
+    assert!(refusal.starts_with("55000: snowid refuses to issue ids: the system clock is "));
+    primary.set_clock_offset("+0");
+    client.query_one("SELECT snowid_next()", &[]).unwrap();
+    assert_eq!(
+        log_lines(
+            &primary,
+            log_before,
+            "WARNING:  snowid refuses to issue ids: the system clock is "
+        ),
+        1
+    );
+    assert_eq!(
+        log_lines(&primary, log_before, "s of refusals: 3 calls were refused"),
+        1
+    );
+    let metrics = Exporter::start(primary.port).scrape();
+    assert_eq!(sample(&metrics, "snowid_ids_issued", &[]), 1001.0);
+    assert_eq!(sample(&metrics, "snowid_refused_calls", &[]), 3.0);
+    assert_eq!(
+        sample(
+            &metrics,
+            "snowid_refusals_calls",
+            &["reason=\"clock_behind\""]
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "snowid_refusals_calls",
+            &["reason=\"held_by_another_server\""]
+        ),
+        0.0
+    );
+    assert_eq!(sample(&metrics, "snowid_clock_backward_waits", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 1.0);
+    assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 0.0);
+    let left = sample(&metrics, "snowid_lease_seconds_left", &[]);
+    assert!((14.0..=25.0).contains(&left), "{left}");
+
+    // A copy beside it refuses: the worker id is held by the original.
+    let copy = primary.physical_copy("monitored-copy");
+    let mut on_copy = copy.connect();
+    snowid_cluster_tests::wait_for_lease_state(
+        &mut on_copy,
+        "held by another server",
+        Duration::from_secs(10),
+    );
+    let log_before = copy.log().len();
+    let refusal = refuse(&mut on_copy, 2);
+    assert!(refusal.contains("is held by monitored@"), "{refusal}");
+    assert_eq!(
+        log_lines(
+            &copy,
+            log_before,
+            "WARNING:  snowid refuses to issue ids: worker id 5 is held by monitored@"
+        ),
+        1
+    );
+    let metrics = Exporter::start(copy.port).scrape();
+    assert_eq!(sample(&metrics, "snowid_ids_issued", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_refused_calls", &[]), 2.0);
+    assert_eq!(
+        sample(
+            &metrics,
+            "snowid_refusals_calls",
+            &["reason=\"held_by_another_server\""]
+        ),
+        2.0
+    );
+    assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_lease_seconds_left", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 0.0);
+
+    // A standby refuses as a standby.
+    let standby = primary.standby_of("monitored-standby");
+    let mut on_standby = standby.connect();
+    let log_before = standby.log().len();
+    let refusal = refuse(&mut on_standby, 4);
+    assert!(refusal.starts_with("25006: snowid cannot issue ids on a server in recovery"));
+    assert_eq!(
+        log_lines(
+            &standby,
+            log_before,
+            "WARNING:  snowid cannot issue ids on a server in recovery"
+        ),
+        1
+    );
+    let metrics = Exporter::start(standby.port).scrape();
+    assert_eq!(sample(&metrics, "snowid_refused_calls", &[]), 4.0);
+    assert_eq!(
+        sample(
+            &metrics,
+            "snowid_refusals_calls",
+            &["reason=\"in_recovery\""]
+        ),
+        4.0
+    );
+    assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 1.0);
+}
+
+#[test]
+fn a_lease_not_acquired_yet_logs_one_warning_and_a_line_when_issuing_begins() {
+    let cluster =
+        Cluster::start_preloading_snowid("unacquired", &["snowid.worker_id = 6"], &[], false);
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE DATABASE app").unwrap();
+    let mut app = cluster.connect_to("app");
+    app.batch_execute("CREATE EXTENSION snowid").unwrap();
+    let log_before = cluster.log().len();
+    let refusal = refuse(&mut app, 5);
+    assert!(
+        refusal.starts_with(
+            "55000: snowid refuses to issue ids: the lease on worker id 6 is not acquired yet"
+        ),
+        "{refusal}"
+    );
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    assert!(app
+        .query_one("SELECT snowid_wait_ready('10 seconds')", &[])
+        .unwrap()
+        .get::<_, bool>(0));
+    app.query_one("SELECT snowid_next()", &[]).unwrap();
+    assert_eq!(
+        log_lines(
+            &cluster,
+            log_before,
+            "WARNING:  snowid refuses to issue ids: the lease on worker id 6 is not acquired yet"
+        ),
+        1
+    );
+    assert_eq!(
+        log_lines(&cluster, log_before, "s of refusals: 5 calls were refused"),
+        1
+    );
+    let counts: Vec<(String, i64)> = app
+        .query(
+            "SELECT reason, calls FROM snowid_refusals() WHERE calls > 0",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(counts, [("not_acquired".to_string(), 5)]);
+}
+
+#[test]
+fn promtool_checks_and_unit_tests_the_alert_rules() {
+    for args in [
+        ["check", "rules", "snowid-alerts.yml"],
+        ["test", "rules", "snowid-alerts.test.yml"],
+    ] {
+        let output = Command::new("promtool")
+            .args(args)
+            .current_dir(Path::new(CONTRIB))
+            .output()
+            .expect("promtool (Debian's prometheus) runs");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "promtool {args:?}: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(text.contains("SUCCESS"), "{text}");
+    }
+}
