@@ -4,9 +4,10 @@ use crate::errors::SnowidError;
 use crate::generator::{Clock, IssuingState, Refusal, StampRun, SystemClock, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
 use crate::lease::Fence;
-use crate::refusals::Reason;
+use crate::refusals::{Attempt, Reason};
 use crate::{base32, gucs, registry, shmem};
 use pgrx::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The largest count `snowid_next_batch` accepts: one second of the layout's capacity.
@@ -19,25 +20,45 @@ struct Issuer {
 }
 
 impl Issuer {
+    /// The generator for a function that asks it something without asking for ids.
     fn get(function: &'static str) -> Issuer {
-        // Without the preload there is no shared memory to count the refusal in.
         let Some(state) = shmem::issuing_state() else {
             SnowidError::NotPreloaded.raise(function)
         };
+        if gucs::any_worker_id_without_registry() {
+            SnowidError::AnyWorkerIdWithoutRegistry.raise(function)
+        }
+        if !gucs::leases_a_worker_id() {
+            SnowidError::WorkerIdUnset.raise(function)
+        }
+        Issuer { state, function }
+    }
+
+    /// The generator for a function that issues ids, whose refusals are counted and logged (see
+    /// `refusals`).
+    fn for_ids(function: &'static str) -> Issuer {
+        let Some(state) = shmem::issuing_state() else {
+            // No shared memory to count in: the server log hears of it once from each session.
+            let first = !NOT_PRELOADED_LOGGED.swap(true, Ordering::Relaxed);
+            SnowidError::NotPreloaded.raise_refusal(function, first)
+        };
         let issuer = Issuer { state, function };
+        let attempt = state.refusals().attempt();
         if gucs::any_worker_id_without_registry() {
             issuer.refuse(
                 Reason::NotConfigured,
                 SnowidError::AnyWorkerIdWithoutRegistry,
+                attempt,
             )
         }
         if !gucs::leases_a_worker_id() {
-            issuer.refuse(Reason::NotConfigured, SnowidError::WorkerIdUnset)
+            issuer.refuse(Reason::NotConfigured, SnowidError::WorkerIdUnset, attempt)
         }
         issuer
     }
 
     fn claim(&self, wanted: u32) -> StampRun {
+        let attempt = self.state.refusals().attempt();
         let issued = self.state.issue(
             &SystemClock,
             &shmem::LatchWaiter,
@@ -46,7 +67,7 @@ impl Issuer {
         );
         match issued {
             Ok(run) => {
-                if let Some(end) = self.state.refusals().issued(unix_now_ms()) {
+                if let Some(end) = self.state.refusals().issued(monotonic_ms) {
                     log!(
                         "snowid issues ids again, after {:.3} s of refusals: {} calls were refused",
                         end.lasted_ms as f64 / 1000.0,
@@ -63,26 +84,32 @@ impl Issuer {
                 } else {
                     SnowidError::Refused(refusal)
                 };
-                self.refuse(reason, error)
+                self.refuse(reason, error, attempt)
             }
         }
     }
 
     /// Counts a refused call and raises `error`, with a WARNING when it begins an episode.
-    fn refuse(&self, reason: Reason, error: SnowidError) -> ! {
-        let begins_episode = self.state.refusals().refused(reason, unix_now_ms());
+    fn refuse(&self, reason: Reason, error: SnowidError, attempt: Attempt) -> ! {
+        let begins_episode = self
+            .state
+            .refusals()
+            .refused(reason, attempt, monotonic_ms());
         error.raise_refusal(self.function, begins_episode)
     }
 }
 
-fn unix_now_ms() -> u64 {
-    u64::try_from(SystemClock.unix_millis()).unwrap_or(0)
+/// Set in a session once it logged that snowid is not preloaded.
+static NOT_PRELOADED_LOGGED: AtomicBool = AtomicBool::new(false);
+
+fn monotonic_ms() -> u64 {
+    SystemClock.monotonic_ns() / 1_000_000
 }
 
 /// A fresh id, greater than every id this server issued before it.
 #[pg_extern(volatile, parallel_safe)]
 fn snowid_next() -> i64 {
-    let run = Issuer::get("snowid_next").claim(1);
+    let run = Issuer::for_ids("snowid_next").claim(1);
     layout::id_from_stamp(run.first, run.worker_id)
 }
 
@@ -99,7 +126,7 @@ fn snowid_next_batch(count: i32) -> SetOfIterator<'static, i64> {
         }
         .raise("snowid_next_batch")
     };
-    let issuer = Issuer::get("snowid_next_batch");
+    let issuer = Issuer::for_ids("snowid_next_batch");
     let mut remaining = wanted;
     let runs = std::iter::from_fn(move || {
         (remaining > 0).then(|| {

@@ -86,43 +86,57 @@ pub struct EpisodeEnd {
     pub refused: u64,
 }
 
+/// What a call saw before it asked for an id: how many episodes had ended. A refusal of a call that
+/// began before the episode under way ended belongs to that episode, not to a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt(u64);
+
 /// The counters, and the episode under way. All zeroes: nothing refused, no episode.
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct Refusals {
     calls: [AtomicU64; Reason::ALL.len()],
-    /// The episode under way: when it began (Unix ms) << 8 | its latest reason + 1; 0 for none.
+    /// The episode under way: when it began (CLOCK_MONOTONIC ms) << 16 | a bit for every reason
+    /// already logged in it; 0 for none.
     episode: AtomicU64,
-    /// The total of refused calls when the episode began.
-    refused_before_episode: AtomicU64,
+    /// Calls refused in the episode under way.
+    episode_refused: AtomicU64,
+    /// Episodes ended since the server started.
+    ended: AtomicU64,
 }
 
 impl Refusals {
-    /// Counts a call refused for `reason` at `now_unix_ms`; true when it begins an episode: the
-    /// first refusal since ids last flowed, or the first of another reason than the one before.
-    pub fn refused(&self, reason: Reason, now_unix_ms: u64) -> bool {
+    /// To be called before a call asks for an id, for `refused`.
+    pub fn attempt(&self) -> Attempt {
+        Attempt(self.ended.load(Ordering::Acquire))
+    }
+
+    /// Counts a call refused for `reason`, at `now_ms` of CLOCK_MONOTONIC; true when the call is
+    /// the first of its reason in an episode: of the first refusal since ids last flowed, or the
+    /// first of another reason in the same episode. A call that began before the last episode ended
+    /// is counted, but begins nothing.
+    pub fn refused(&self, reason: Reason, attempt: Attempt, now_ms: u64) -> bool {
         self.calls[reason as usize].fetch_add(1, Ordering::Relaxed);
+        if self.ended.load(Ordering::Acquire) != attempt.0 {
+            return false;
+        }
+        let bit = 1u64 << reason as u64;
         let mut current = self.episode.load(Ordering::Acquire);
         loop {
-            if current != 0 && current & 0xff == reason as u64 + 1 {
+            if current & bit != 0 {
+                self.episode_refused.fetch_add(1, Ordering::Relaxed);
                 return false;
             }
-            let began = if current == 0 {
-                now_unix_ms
-            } else {
-                current >> 8
-            };
+            let began = if current == 0 { now_ms } else { current >> 16 };
+            let updated = began << 16 | (current & 0xffff) | bit;
             match self.episode.compare_exchange(
                 current,
-                began << 8 | (reason as u64 + 1),
+                updated,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    if current == 0 {
-                        self.refused_before_episode
-                            .store(self.total() - 1, Ordering::Relaxed);
-                    }
+                    self.episode_refused.fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
                 Err(now_current) => current = now_current,
@@ -130,18 +144,20 @@ impl Refusals {
         }
     }
 
-    /// Notes that a call was issued an id at `now_unix_ms`; ends the episode under way, if any.
-    /// One relaxed load when there is none.
-    pub fn issued(&self, now_unix_ms: u64) -> Option<EpisodeEnd> {
+    /// Notes that a call was issued an id; ends the episode under way, if any, at the time `now_ms`
+    /// gives (CLOCK_MONOTONIC ms), read only then. One relaxed load when there is none.
+    pub fn issued(&self, now_ms: impl FnOnce() -> u64) -> Option<EpisodeEnd> {
         if self.episode.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let ended = self.episode.swap(0, Ordering::AcqRel);
-        (ended != 0).then(|| EpisodeEnd {
-            lasted_ms: now_unix_ms.saturating_sub(ended >> 8),
-            refused: self
-                .total()
-                .saturating_sub(self.refused_before_episode.load(Ordering::Relaxed)),
+        if ended == 0 {
+            return None;
+        }
+        self.ended.fetch_add(1, Ordering::AcqRel);
+        Some(EpisodeEnd {
+            lasted_ms: now_ms().saturating_sub(ended >> 16),
+            refused: self.episode_refused.swap(0, Ordering::Relaxed),
         })
     }
 
@@ -159,35 +175,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_episode_per_cause_until_an_id_is_issued() {
+    fn one_warning_per_cause_and_episode_until_an_id_is_issued() {
         let refusals = Refusals::default();
-        assert_eq!(refusals.issued(1_000), None, "no episode, nothing to end");
-        assert!(refusals.refused(Reason::HeldByAnotherServer, 1_000));
-        assert!(!refusals.refused(Reason::HeldByAnotherServer, 1_100));
-        assert!(!refusals.refused(Reason::HeldByAnotherServer, 1_200));
-        // Another cause within the episode: a WARNING of its own, the episode goes on.
-        assert!(refusals.refused(Reason::BelowFloor, 1_300));
-        assert!(!refusals.refused(Reason::BelowFloor, 1_400));
         assert_eq!(
-            refusals.issued(3_500),
+            refusals.issued(|| 1_000),
+            None,
+            "no episode, nothing to end"
+        );
+        let refuse = |reason, at| refusals.refused(reason, refusals.attempt(), at);
+        assert!(refuse(Reason::HeldByAnotherServer, 1_000));
+        assert!(!refuse(Reason::HeldByAnotherServer, 1_100));
+        // Another cause within the episode is logged once too, the first one not again.
+        assert!(refuse(Reason::RegistryUnreachable, 1_200));
+        assert!(!refuse(Reason::HeldByAnotherServer, 1_300));
+        assert!(!refuse(Reason::RegistryUnreachable, 1_400));
+        assert_eq!(
+            refusals.issued(|| 3_500),
             Some(EpisodeEnd {
                 lasted_ms: 2_500,
                 refused: 5
             })
         );
-        assert_eq!(refusals.issued(3_600), None, "ended once");
-        assert!(refusals.refused(Reason::BelowFloor, 4_000), "a new episode");
+        assert_eq!(refusals.issued(|| 3_600), None, "ended once");
+        assert!(refuse(Reason::HeldByAnotherServer, 4_000), "a new episode");
         assert_eq!(
-            refusals.issued(4_010),
+            refusals.issued(|| 4_010),
             Some(EpisodeEnd {
                 lasted_ms: 10,
                 refused: 1
             })
         );
-        assert_eq!(refusals.calls(Reason::HeldByAnotherServer), 3);
-        assert_eq!(refusals.calls(Reason::BelowFloor), 3);
+        assert_eq!(refusals.calls(Reason::HeldByAnotherServer), 4);
+        assert_eq!(refusals.calls(Reason::RegistryUnreachable), 2);
         assert_eq!(refusals.calls(Reason::ClockBehind), 0);
         assert_eq!(refusals.total(), 6);
+    }
+
+    #[test]
+    fn a_refusal_of_a_call_that_began_before_the_episode_ended_begins_none() {
+        let refusals = Refusals::default();
+        assert!(refusals.refused(Reason::LeaseRanOut, refusals.attempt(), 10));
+        // One call asks, another is issued an id and ends the episode, then the first is refused.
+        let late = refusals.attempt();
+        assert_eq!(
+            refusals.issued(|| 20),
+            Some(EpisodeEnd {
+                lasted_ms: 10,
+                refused: 1
+            })
+        );
+        assert!(!refusals.refused(Reason::LeaseRanOut, late, 21));
+        assert_eq!(refusals.issued(|| 22), None, "no episode was begun");
+        assert_eq!(refusals.calls(Reason::LeaseRanOut), 2, "both counted");
     }
 
     #[test]

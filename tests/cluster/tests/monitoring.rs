@@ -178,6 +178,8 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
     assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_lease_seconds_left", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_clock_backward_waits", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);
 
     // A standby refuses as a standby.
     let standby = primary.standby_of("monitored-standby");
@@ -204,7 +206,11 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
         4.0
     );
     assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_lease_seconds_left", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 1.0);
+    assert_eq!(sample(&metrics, "snowid_ids_issued", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_clock_backward_waits", &[]), 0.0);
+    assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);
 }
 
 #[test]
