@@ -453,6 +453,39 @@ fn assert_no_id_twice(seen: &Seen) {
 }
 
 /// The scenarios of one registry mode, in order, on one Patroni cluster.
+/// `patronictl switchover` from node1 to node2: ids from node2 within 10 s of the call, and node1
+/// a replica that refuses.
+fn switch_over_to_node2(application: &Application, one: &Node, two: &Node, what: &str) {
+    let called = Instant::now();
+    let output = Command::new("patronictl")
+        .arg("-c")
+        .arg(&two.config)
+        .args([
+            "switchover",
+            "--leader",
+            "node1",
+            "--candidate",
+            "node2",
+            "--force",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let switched = stall(application, two, called, Duration::from_secs(20));
+    println!("{what}: ids from node2 {switched:?} after the call");
+    assert!(switched <= Duration::from_secs(10), "{switched:?}");
+    wait_until(
+        "node1 rejoined as a replica",
+        Duration::from_secs(60),
+        || one.is_primary() == Some(false),
+    );
+    assert_refuses_as_replica(one);
+}
+
 /// A two-node Patroni cluster with `timing`, leader node1, replica node2 streaming, snowid created
 /// with the table `items`; with `shared_registry`, a registry server beside it. Kept alive by the
 /// returned parts.
@@ -538,34 +571,7 @@ fn switchover_failover_rejoin_and_switch_back(shared_registry: bool) {
     stall(&application, &one, started, Duration::from_secs(20));
 
     // Switchover: node1 stops cleanly, releasing its lease; node2 takes it at once.
-    let called = Instant::now();
-    let output = Command::new("patronictl")
-        .arg("-c")
-        .arg(&one.config)
-        .args([
-            "switchover",
-            "--leader",
-            "node1",
-            "--candidate",
-            "node2",
-            "--force",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let switched = stall(&application, &two, called, Duration::from_secs(20));
-    println!("{mode}: switchover: ids from node2 {switched:?} after the call");
-    assert!(switched <= Duration::from_secs(10), "{switched:?}");
-    wait_until(
-        "node1 rejoined as a replica",
-        Duration::from_secs(60),
-        || one.is_primary() == Some(false),
-    );
-    assert_refuses_as_replica(&one);
+    switch_over_to_node2(&application, one, two, &format!("{mode}: switchover"));
 
     // Failover: node2's Patroni and postmaster die together; Patroni promotes node1.
     std::thread::sleep(Duration::from_secs(2));
@@ -607,34 +613,7 @@ fn switchover_failover_rejoin_and_switch_back(shared_registry: bool) {
 
     // Switch back: node2 leads again, above every id node1 issued.
     std::thread::sleep(Duration::from_secs(2));
-    let called = Instant::now();
-    let output = Command::new("patronictl")
-        .arg("-c")
-        .arg(&two.config)
-        .args([
-            "switchover",
-            "--leader",
-            "node1",
-            "--candidate",
-            "node2",
-            "--force",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let switched = stall(&application, &two, called, Duration::from_secs(20));
-    println!("{mode}: switch back: ids from node2 {switched:?} after the call");
-    assert!(switched <= Duration::from_secs(10), "{switched:?}");
-    wait_until(
-        "node1 rejoined as a replica",
-        Duration::from_secs(60),
-        || one.is_primary() == Some(false),
-    );
-    assert_refuses_as_replica(&one);
+    switch_over_to_node2(&application, one, two, &format!("{mode}: switch back"));
 
     // A frozen leader: node2's Patroni and postmaster stopped (SIGSTOP) while node1 is promoted.
     // Its backends still run: the application's session goes on inserting there, while a second
