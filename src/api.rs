@@ -1,4 +1,5 @@
-//! The SQL functions: thin wrappers over `layout`, `base32` and `generator`.
+//! The SQL functions: thin wrappers over `layout`, `base32`, `generator` and `refusals`, and the
+//! takeover they ask of the lease worker through shared memory.
 
 use crate::errors::SnowidError;
 use crate::generator::{Clock, IssuingState, Refusal, StampRun, SystemClock, Waiter};
