@@ -859,6 +859,17 @@ pub fn new_holder_wait_ms(refusal: &str, worker_id: u16) -> u64 {
     parsed.unwrap_or_else(|| panic!("not a new holder's refusal: {refusal}"))
 }
 
+/// The lease worker's process id, as `pg_stat_activity` shows it in every registry mode.
+pub fn lease_worker_pid(client: &mut Client) -> i32 {
+    client
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
 /// Waits up to `limit` for `snowid_status()`'s lease_state to read `wanted`; returns the last state
 /// read.
 pub fn wait_for_lease_state(

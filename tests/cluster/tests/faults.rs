@@ -10,7 +10,7 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    alone, beside_others, error_text, host_name, new_holder_wait_ms, wait_for,
+    alone, beside_others, error_text, host_name, lease_worker_pid, new_holder_wait_ms, wait_for,
     wait_for_lease_state, Cluster, Volume,
 };
 use std::time::{Duration, Instant};
@@ -938,16 +938,7 @@ fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
     let mut ids = Ids::default();
     // Renewed every 2 s, issuing until 5 s after the last renewal: a refused renewal leaves 3 s.
     let (cluster, mut client) = server("locked", &["snowid.lease_ttl = 6"]);
-    let worker_pid = |client: &mut Client| -> i32 {
-        client
-            .query_one(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
-                &[],
-            )
-            .unwrap()
-            .get(0)
-    };
-    let before = worker_pid(&mut client);
+    let before = lease_worker_pid(&mut client);
     client
         .batch_execute("CREATE ROLE writer IN ROLE pg_write_all_data")
         .unwrap();
@@ -973,7 +964,7 @@ fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
             last_error(&mut client).as_deref() == Some("canceling statement due to lock timeout")
         },
     );
-    assert_eq!(worker_pid(&mut client), before);
+    assert_eq!(lease_worker_pid(&mut client), before);
     locker.batch_execute("COMMIT").unwrap();
     assert_eq!(
         wait_for_lease_state(&mut client, "held", Duration::from_secs(5)),
@@ -982,7 +973,7 @@ fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
     assert_eq!(last_error(&mut client), None);
     issue(&mut ids, "locked", &mut client, 10);
     assert_eq!(
-        worker_pid(&mut client),
+        lease_worker_pid(&mut client),
         before,
         "the same worker throughout"
     );

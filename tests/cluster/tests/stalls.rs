@@ -5,7 +5,7 @@
 //! the data directory. Every id is collected: all are distinct and increase.
 
 use postgres::Client;
-use snowid_cluster_tests::{alone, error_text, Cluster, Node};
+use snowid_cluster_tests::{alone, error_text, lease_worker_pid, Cluster, Node};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -45,17 +45,6 @@ fn leased_server(registry: Registry, settings: &[&str]) -> (Cluster, Client, Opt
             (node.cluster, client, Some(shared))
         }
     }
-}
-
-/// The lease worker's process id, as `pg_stat_activity` shows it in every registry mode.
-fn lease_worker_pid(client: &mut Client) -> i32 {
-    client
-        .query_one(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
-            &[],
-        )
-        .unwrap()
-        .get(0)
 }
 
 fn signal(pid: i32, signal: &str) {
