@@ -7,6 +7,9 @@
 //! `PG_CONFIG` (default `/usr/lib/postgresql/15/bin/pg_config`) describes, into which snowid must
 //! already be installed.
 
+pub mod etcd;
+pub mod tls;
+
 use postgres::{Client, NoTls};
 use std::fs;
 use std::net::TcpListener;

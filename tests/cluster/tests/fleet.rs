@@ -25,6 +25,7 @@
 //!   fast shutdown, which tries to release the lease, by at most a second.
 
 use postgres::Client;
+use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     alone, beside_others, error_text, give_to_postgres, wait_for, wait_for_lease_state, Cluster,
     Node,
@@ -32,7 +33,7 @@ use snowid_cluster_tests::{
 use std::collections::HashSet;
 use std::fs;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -148,101 +149,6 @@ fn lease_row(registry: &mut Client, worker_id: i32) -> LeaseRow {
     )
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "openssl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A self-signed CA certificate `<name>.crt` with its key `<name>.key` in `dir`.
-fn certificate_authority(dir: &Path, name: &str) -> PathBuf {
-    let (key, cert) = (format!("{name}.key"), format!("{name}.crt"));
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &cert,
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN=snowid test {name}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-    let cert = dir.join(cert);
-    give_to_postgres(&cert, 0o644);
-    give_to_postgres(&dir.join(key), 0o600);
-    cert
-}
-
-/// The registry's certificate and key, signed by the CA `ca`, in `dir`: its only name is the DNS
-/// name localhost (the subject has no common name, which libpq would count as a second name).
-fn server_certificate(dir: &Path, ca: &str) -> (PathBuf, PathBuf) {
-    fs::write(dir.join("server.ext"), "subjectAltName = DNS:localhost\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/O=snowid test registry",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            &format!("{ca}.crt"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ],
-    );
-    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
-    give_to_postgres(&cert, 0o644);
-    give_to_postgres(&key, 0o600);
-    (cert, key)
-}
-
 #[test]
 fn a_node_holds_its_lease_over_verified_tls_and_nodes_failing_verification_say_why() {
     let _machine = beside_others();
@@ -250,7 +156,15 @@ fn a_node_holds_its_lease_over_verified_tls_and_nodes_failing_verification_say_w
     let dir = registry.dir().to_path_buf();
     let ca = certificate_authority(&dir, "ca");
     let other_ca = certificate_authority(&dir, "other-ca");
-    let (cert, key) = server_certificate(&dir, "ca");
+    // Its only name is the DNS name localhost (the subject has no common name, which libpq would
+    // count as a second name).
+    let (cert, key) = certificate(
+        &dir,
+        "ca",
+        "server",
+        "/O=snowid test registry",
+        Some("DNS:localhost"),
+    );
     registry.reconfigure(
         &[
             "ssl = on",

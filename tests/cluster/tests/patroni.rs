@@ -8,11 +8,12 @@
 //! received is collected; the stalls are measured from Patroni's promotion.
 
 use postgres::{Client, NoTls};
+use snowid_cluster_tests::etcd::{signal, EtcdCluster, Process};
 use snowid_cluster_tests::{alone, error_text, free_port, pg_config, Cluster};
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,32 +23,6 @@ const HOOK: &str = concat!(
     "/../../contrib/patroni/snowid-on-role-change"
 );
 
-/// A process started by a test, killed (SIGKILL) when dropped unless it is gone already.
-struct Process {
-    child: Child,
-}
-
-impl Process {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {signal} {pid}");
-}
-
 fn chown_tree(path: &Path) {
     let status = Command::new("chown")
         .args(["-R", "postgres:postgres"])
@@ -55,27 +30,6 @@ fn chown_tree(path: &Path) {
         .status()
         .unwrap();
     assert!(status.success());
-}
-
-/// One etcd member on loopback ports.
-fn start_etcd(dir: &Path) -> (Process, u16) {
-    let (client, peer) = (free_port(), free_port());
-    let log = fs::File::create(dir.join("etcd.log")).unwrap();
-    let child = Command::new("etcd")
-        .args(["--name", "e1", "--data-dir"])
-        .arg(dir.join("etcd"))
-        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-        .arg(format!(
-            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-        ))
-        .arg(format!("--initial-cluster=e1=http://127.0.0.1:{peer}"))
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("etcd (Debian's etcd-server) runs");
-    (Process { child }, client)
 }
 
 /// Patroni's timing: its defaults, or the fast one that fails over in about 10 s.
@@ -491,7 +445,7 @@ fn switch_over_to_node2(application: &Application, one: &Node, two: &Node, what:
 /// returned parts.
 struct PatroniCluster {
     base: PathBuf,
-    _etcd: Process,
+    _etcd: EtcdCluster,
     _registry: Option<Cluster>,
     one: Node,
     two: Node,
@@ -508,7 +462,8 @@ impl PatroniCluster {
         ));
         let _ = fs::remove_dir_all(&base);
         fs::create_dir_all(&base).unwrap();
-        let (etcd, etcd_port) = start_etcd(&base);
+        let etcd = EtcdCluster::start(&base.join("etcd"), 1, None);
+        let etcd_port = etcd.members[0].client_port;
         let registry = shared_registry.then(|| {
             let registry = Cluster::start("patroni-registry", &[]);
             registry

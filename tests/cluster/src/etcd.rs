@@ -1,0 +1,271 @@
+//! Throwaway etcd clusters of Debian's `etcd-server` on loopback ports, and `etcdctl` (Debian's
+//! `etcd-client`) to read them. Every member is a process of the test, SIGKILLed when dropped.
+
+use crate::free_port;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// A process started by a test, killed (SIGKILL) when dropped unless it is gone already.
+pub struct Process {
+    pub child: Child,
+}
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `signal` (`-STOP`, say) to `pid`.
+pub fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// The files of an etcd cluster served over TLS that verifies its clients' certificates.
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub server: (PathBuf, PathBuf),
+    /// The certificate and key etcdctl presents.
+    pub client: (PathBuf, PathBuf),
+}
+
+pub struct Member {
+    pub name: String,
+    pub client_port: u16,
+    peer_port: u16,
+    pub process: Option<Process>,
+}
+
+pub struct EtcdCluster {
+    dir: PathBuf,
+    pub members: Vec<Member>,
+    tls: Option<EtcdTls>,
+    /// `user:password` for etcdctl, once authentication is on.
+    pub etcdctl_user: Option<String>,
+}
+
+impl EtcdCluster {
+    /// `count` members with their data under `dir`, started and answering.
+    pub fn start(dir: &Path, count: usize, tls: Option<EtcdTls>) -> EtcdCluster {
+        fs::create_dir_all(dir).unwrap();
+        let members: Vec<Member> = (1..=count)
+            .map(|number| Member {
+                name: format!("e{number}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                process: None,
+            })
+            .collect();
+        let mut cluster = EtcdCluster {
+            dir: dir.to_path_buf(),
+            members,
+            tls,
+            etcdctl_user: None,
+        };
+        for index in 0..count {
+            cluster.start_member(index);
+        }
+        cluster.wait_until_answering();
+        cluster
+    }
+
+    fn scheme(&self) -> &str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    fn start_member(&mut self, index: usize) {
+        let initial_cluster = self
+            .members
+            .iter()
+            .map(|member| format!("{}=http://127.0.0.1:{}", member.name, member.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let member = &self.members[index];
+        let log = fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", member.name)))
+            .unwrap();
+        let client_url = format!("{}://127.0.0.1:{}", self.scheme(), member.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
+        let mut command = Command::new("etcd");
+        command
+            .args(["--name", &member.name, "--data-dir"])
+            .arg(self.dir.join(&member.name))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={initial_cluster}"))
+            .args(["--initial-cluster-state", "new"]);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server.0)
+                .arg("--key-file")
+                .arg(&tls.server.1)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("etcd (Debian's etcd-server) runs");
+        self.members[index].process = Some(Process { child });
+    }
+
+    /// `HOST:PORT` of every member, comma-separated, as `snowid.registry` and etcdctl take them.
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|member| format!("127.0.0.1:{}", member.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Runs etcdctl against every member; its output, or the error.
+    pub fn try_etcdctl(&self, args: &[&str]) -> Result<String, String> {
+        let mut command = Command::new("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoints()))
+            .arg("--command-timeout=5s");
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cacert={}", tls.ca.display()))
+                .arg(format!("--cert={}", tls.client.0.display()))
+                .arg(format!("--key={}", tls.client.1.display()));
+        }
+        if let Some(user) = &self.etcdctl_user {
+            command.arg(format!("--user={user}"));
+        }
+        let output = command
+            .args(args)
+            .output()
+            .expect("etcdctl (Debian's etcd-client) runs");
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    }
+
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        self.try_etcdctl(args)
+            .unwrap_or_else(|error| panic!("etcdctl {args:?}: {error}"))
+    }
+
+    /// The value of `key`, or `None` when it does not exist.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let output = self.etcdctl(&["get", key, "--print-value-only"]);
+        output.strip_suffix('\n').map(str::to_string)
+    }
+
+    /// The etcd lease `key` is bound to (0: none), in decimal.
+    pub fn lease_of(&self, key: &str) -> u64 {
+        let fields = self.etcdctl(&["get", key, "-w", "fields"]);
+        field(&fields, "Lease").map_or(0, |lease| lease.parse().unwrap())
+    }
+
+    /// The seconds left of `lease` and the keys bound to it, sorted; `None` once it is gone.
+    pub fn lease_time_to_live(&self, lease: u64) -> Option<(i64, Vec<String>)> {
+        let output = self.etcdctl(&["lease", "timetolive", &format!("{lease:x}"), "--keys"]);
+        if output.contains("already expired") {
+            return None;
+        }
+        // lease 694d7a5c6c7f6e04 granted with TTL(10s), remaining(8s), attached keys([/a /b])
+        let remaining = output
+            .split("remaining(")
+            .nth(1)?
+            .split('s')
+            .next()?
+            .parse()
+            .ok()?;
+        let mut keys: Vec<String> = output
+            .split("attached keys([")
+            .nth(1)?
+            .split("])")
+            .next()?
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        keys.sort();
+        Some((remaining, keys))
+    }
+
+    /// The index of the member that leads now.
+    pub fn leader(&self) -> usize {
+        let output = self.etcdctl(&["endpoint", "status", "-w", "fields"]);
+        let block = output
+            .split("\n\n")
+            .find(|block| {
+                field(block, "MemberID").is_some()
+                    && field(block, "MemberID") == field(block, "Leader")
+            })
+            .unwrap_or_else(|| panic!("no member leads: {output}"));
+        let endpoint = field(block, "Endpoint").unwrap();
+        self.members
+            .iter()
+            .position(|member| endpoint.ends_with(&format!(":{}", member.client_port)))
+            .unwrap()
+    }
+
+    pub fn pid(&self, index: usize) -> u32 {
+        self.members[index].process.as_ref().unwrap().pid()
+    }
+
+    /// SIGKILLs member `index`.
+    pub fn kill(&mut self, index: usize) {
+        self.members[index].process = None;
+    }
+
+    /// Sends `signal` to every member.
+    pub fn signal_all(&self, how: &str) {
+        for index in 0..self.members.len() {
+            signal(self.pid(index), how);
+        }
+    }
+
+    /// Waits until a write through etcdctl succeeds (a leader is elected).
+    pub fn wait_until_answering(&self) {
+        let started = Instant::now();
+        loop {
+            match self.try_etcdctl(&["put", "/snowid-test/ready", "yes"]) {
+                Ok(_) => return,
+                Err(error) => assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "etcd does not answer: {error}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// The value of `"NAME" : VALUE` in etcdctl's `-w fields` output, quotes removed.
+fn field<'a>(output: &'a str, name: &str) -> Option<&'a str> {
+    let prefix = format!("\"{name}\" : ");
+    output
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map(|value| value.trim_matches('"'))
+}
