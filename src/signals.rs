@@ -46,9 +46,11 @@ pub fn sleep_unless_stopped(duration: Duration) -> bool {
 }
 
 /// Whether a SIGTERM arrived since the last look, for waits on the latch elsewhere. A worker
-/// terminated alone ends here; at a server shutdown, this remembers it and returns true.
+/// terminated alone ends here; at a server shutdown, this remembers it and returns true. Once the
+/// shutdown is known, a SIGTERM asks nothing new (the postmaster may send more than one), so that
+/// the release, which has a budget of its own, is not cut short.
 pub fn sigterm_arrived() -> bool {
-    BackgroundWorker::sigterm_received() && {
+    BackgroundWorker::sigterm_received() && !shutting_down() && {
         note_sigterm();
         true
     }
