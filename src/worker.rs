@@ -78,6 +78,9 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
             status.worker_id = status.worker_id.or(configured);
             status.worker_id
         }),
+        inherited: Some(shmem::lease_status())
+            .filter(|status| status.state == State::Held)
+            .and_then(|status| status.worker_id),
         holding: None,
         slowness: Slowness::default(),
     };
@@ -171,6 +174,9 @@ struct LeaseWorker {
     configured: Option<u16>,
     /// The worker id to claim: the configured one, or the one last granted; `None` picks any.
     claiming: Option<u16>,
+    /// The worker id whose lease a predecessor of this worker held, until this worker's first
+    /// answer from the registry: a shutdown before it releases that lease.
+    inherited: Option<u16>,
     holding: Option<Holding>,
     slowness: Slowness,
 }
@@ -192,6 +198,7 @@ impl LeaseWorker {
             .registry
             .claim(&self.me, claiming, self.timing, reserve_until_ms, fence);
         if answer.is_ok() {
+            self.inherited = None;
             // A failed claim is logged as such.
             self.slowness.note(self.timing, asked.elapsed(), |ms| {
                 format!("claiming the lease took {ms} ms")
@@ -413,25 +420,27 @@ impl LeaseWorker {
             .open_gate(&grant(held, reserved, moves_up_to, floor_ms));
     }
 
-    /// Releases the lease held, with `high_water_ms` above every id issued, and lowers the ceiling
-    /// to it: the next run of this server takes the row back at once, starting there.
+    /// Releases the lease held (or the one a predecessor held, before this worker heard from the
+    /// registry), with `high_water_ms` above every id issued, and lowers the ceiling to it: the
+    /// next run of this server takes the row back at once, starting there.
     fn release(&mut self, high_water_ms: u64) {
-        let Some(held) = self.holding.take() else {
+        let Some(worker_id) = self
+            .holding
+            .take()
+            .map(|held| held.worker_id)
+            .or(self.inherited)
+        else {
             return;
         };
-        if let Err(error) = self
-            .registry
-            .release(&self.me, held.worker_id, high_water_ms)
-        {
+        if let Err(error) = self.registry.release(&self.me, worker_id, high_water_ms) {
             return log!(
-                "snowid lease worker could not release the lease on worker id {}: {error}",
-                held.worker_id
+                "snowid lease worker could not release the lease on worker id {worker_id}: {error}"
             );
         }
         if self.timing.ceiling_lead.is_some() {
             let ceiling = Ceiling {
                 holder: self.me.holder.clone(),
-                worker_id: held.worker_id,
+                worker_id,
                 below_ms: high_water_ms,
             };
             if let Err(error) = ceiling.write(&self.data_directory) {
