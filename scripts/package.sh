@@ -29,7 +29,7 @@ Package: postgresql-$major-snowid
 Version: $version
 Architecture: $(dpkg --print-architecture)
 Maintainer: snowid developers <snowid@localhost>
-Depends: postgresql-$major, libpq5, libgcc-s1, libc6
+Depends: postgresql-$major, libpq5, libcurl4, libgcc-s1, libc6
 Section: database
 Priority: optional
 Description: unique, roughly time-ordered 64-bit ids made inside PostgreSQL $major

@@ -23,10 +23,11 @@ pg_config_of() {
     if [ "$1" = 18 ]; then echo "$PG18_PREFIX/bin/pg_config"; else echo "/usr/lib/postgresql/$1/bin/pg_config"; fi
 }
 
-# make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18; postgresql-15-partman is
-# for the partitioning tests; Patroni and etcd for the failover tests; postgres_exporter and
+# make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18; libcurl4-openssl-dev
+# links snowid to libcurl for the etcd registry; postgresql-15-partman is for the partitioning
+# tests; Patroni and etcd for the failover and etcd registry tests; postgres_exporter and
 # Prometheus (for promtool) for the monitoring tests.
-packages=(postgresql-15 postgresql-server-dev-15 libpq-dev openssl clang libclang-dev pkg-config libssl-dev
+packages=(postgresql-15 postgresql-server-dev-15 libpq-dev libcurl4-openssl-dev openssl clang libclang-dev pkg-config libssl-dev
     faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev postgresql-15-partman
     patroni etcd-server etcd-client prometheus-postgres-exporter prometheus)
 # The client examples (clients/) run under Node.js with npm and Python with venv; Debian's serve

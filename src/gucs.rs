@@ -86,7 +86,8 @@ pub fn register() {
     );
     GucRegistry::define_string_guc(
         c"snowid.registry",
-        c"libpq connection string of a shared lease registry; empty means this server.",
+        c"Shared lease registry: a libpq connection string, or etcd://HOST:PORT[,...]/PREFIX; \
+          empty means this server.",
         c"Every server that shares a registry gets worker ids no other of them holds.",
         &REGISTRY,
         GucContext::Postmaster,
@@ -132,7 +133,7 @@ pub fn database() -> String {
     text(&DATABASE)
 }
 
-/// The registry's connection string, or `None` for this server.
+/// The registry's connection string or etcd URL, or `None` for this server.
 pub fn registry() -> Option<String> {
     Some(text(&REGISTRY)).filter(|conninfo| !conninfo.trim().is_empty())
 }

@@ -1,8 +1,8 @@
 //! snowid: unique, roughly time-ordered 64-bit ids made inside PostgreSQL.
 //!
-//! `layout`, `base32`, `generator`, `refusals`, `lease`, `ceiling` and `conninfo` hold the logic in
-//! plain Rust; `shmem` (shared memory and the server's own functions) and `pq` (libpq) are the only
-//! modules with raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are
+//! `layout`, `base32`, `generator`, `refusals`, `lease`, `ceiling`, `conninfo` and `etcd` (the etcd
+//! registry, through libcurl's safe bindings) hold the logic in plain Rust; `shmem` (shared memory
+//! and the server's own functions) and `pq` (libpq) are the only modules with raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are
 //! thin pgrx glue.
 
 mod api;
@@ -11,6 +11,7 @@ mod ceiling;
 mod claimant;
 mod conninfo;
 mod errors;
+mod etcd;
 mod generator;
 mod gucs;
 mod layout;

@@ -1,12 +1,15 @@
-//! Where the lease table lives, behind one interface: in `snowid.database` on this server, reached
-//! through SPI (`local`), or on the server that `snowid.registry` names, reached through libpq
-//! (`remote`). The worker's state machine calls `claim` and `release`, and asks only whether the
-//! registry is its own server's (where nobody else's renewals can be seen).
+//! Where the leases live, behind one interface: the lease table in `snowid.database` on this
+//! server, reached through SPI (`local`); the lease table on the server that `snowid.registry`
+//! names, reached through libpq (`remote`); or the etcd cluster it names (`etcd`). The worker's
+//! state machine calls `claim` and `release`, and asks only whether the registry is its own
+//! server's (where nobody else's renewals can be seen).
 
+mod etcd;
 mod local;
 mod remote;
 
 use crate::claimant::Claimant;
+use crate::etcd::setting::is_etcd;
 use crate::gucs;
 use crate::lease::{self, Claim, ClaimRow, Fence, Timing};
 use crate::shmem;
@@ -14,6 +17,7 @@ use crate::shmem;
 pub enum Registry {
     Local(local::Local),
     Remote(remote::Remote),
+    Etcd(etcd::EtcdRegistry),
 }
 
 impl Registry {
@@ -21,6 +25,9 @@ impl Registry {
     pub fn open() -> Option<Registry> {
         Some(match gucs::registry() {
             None => Registry::Local(local::Local::open(gucs::database())?),
+            Some(registry) if is_etcd(&registry) => {
+                Registry::Etcd(etcd::EtcdRegistry::open(&registry)?)
+            }
             Some(conninfo) => Registry::Remote(remote::Remote::open(&conninfo)?),
         })
     }
@@ -40,6 +47,9 @@ impl Registry {
         reserve_until_ms: u64,
         fence: Option<Fence>,
     ) -> Result<(Option<u16>, Claim, Option<String>), String> {
+        if let Registry::Etcd(etcd) = self {
+            return etcd.claim(me, worker_id, timing, reserve_until_ms, fence);
+        }
         let mut params = vec![];
         let sql = match (worker_id, fence) {
             (Some(worker_id), _) => {
@@ -73,6 +83,7 @@ impl Registry {
         let row: ClaimRow = match self {
             Registry::Local(local) => local.claim(sql, &params)?,
             Registry::Remote(remote) => remote.claim(sql, &params)?,
+            Registry::Etcd(_) => unreachable!("answered above"),
         };
         let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
         let taken_from = row.taken_from.clone();
@@ -86,6 +97,9 @@ impl Registry {
         worker_id: u16,
         high_water_ms: u64,
     ) -> Result<(), String> {
+        if let Registry::Etcd(etcd) = self {
+            return etcd.release(me, worker_id, high_water_ms);
+        }
         let params = [
             Param::Int(i32::from(worker_id)),
             Param::Text(me.holder.clone()),
@@ -96,6 +110,7 @@ impl Registry {
         match self {
             Registry::Local(local) => local.release(&params),
             Registry::Remote(remote) => remote.release(&params),
+            Registry::Etcd(_) => unreachable!("answered above"),
         }
     }
 }
@@ -105,6 +120,7 @@ impl Registry {
 pub fn description() -> String {
     match gucs::registry() {
         None => format!("database \"{}\" on this server", gucs::database()),
+        Some(registry) if is_etcd(&registry) => etcd::description(&registry),
         Some(conninfo) => remote::description(&conninfo),
     }
 }

@@ -1,0 +1,468 @@
+//! etcd's v3 API through its JSON gateway (`POST /v3/...` on a member's client port), sent with
+//! libcurl's multi interface so that no call blocks: the caller's `stop` is asked every few
+//! milliseconds, and each member gets its own deadline. A member that fails to answer (refused,
+//! timed out, or an etcd error that another member may not share: no leader, leader changed) gives
+//! way to the next member of the list, which is also the first one the next call asks; the member
+//! that answered last is asked first next time.
+
+use super::setting::Setting;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use curl::easy::{Easy2, Handler, List, WriteError};
+use curl::multi::Multi;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// How long one member may take to answer one request, connecting included, at most.
+pub const MEMBER_LIMIT: Duration = Duration::from_secs(2);
+
+/// How often a request in flight looks at `stop`.
+const STOP_CHECK_EVERY: Duration = Duration::from_millis(20);
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// `stop` said so while waiting.
+    Stopped,
+    /// The deadline passed.
+    TimedOut,
+    /// etcd refused the request itself, with this gRPC code; any member would.
+    Refused { code: i64, message: String },
+    /// Why no member answered.
+    Error(String),
+}
+
+/// An answer of etcd.
+pub struct Reply {
+    pub body: Value,
+    /// The answering member's clock (the HTTP `Date` header, whole seconds), in Unix ms.
+    pub date_unix_ms: Option<i64>,
+}
+
+pub struct Gateway {
+    setting: Setting,
+    /// The member to ask first.
+    current: usize,
+    token: Option<String>,
+}
+
+/// What one member's try came to.
+enum Outcome {
+    Answer(Reply),
+    /// Another member may answer: this one failed, or etcd there had no leader.
+    NextMember(String),
+    /// etcd refused the request itself; another member would too.
+    Refused {
+        code: i64,
+        message: String,
+    },
+}
+
+impl Gateway {
+    pub fn new(setting: Setting) -> Gateway {
+        Gateway {
+            setting,
+            current: 0,
+            token: None,
+        }
+    }
+
+    pub fn setting(&self) -> &Setting {
+        &self.setting
+    }
+
+    /// Sends `body` to `path` (such as `/v3/kv/range`), trying each member in turn, all before
+    /// `budget`.
+    pub fn call(
+        &mut self,
+        path: &str,
+        body: &Value,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Reply, Failure> {
+        let mut errors = vec![];
+        let count = self.setting.members.len();
+        let first = self.current;
+        for step in 0..count {
+            let index = (first + step) % count;
+            // Each member left gets an equal share of what is left of the budget, so that a member
+            // that never answers leaves time for the others.
+            let left = budget.saturating_duration_since(Instant::now());
+            let share = (left / (count - step) as u32).min(MEMBER_LIMIT);
+            let deadline = Instant::now() + share;
+            let mut authenticated_now = false;
+            loop {
+                if self.setting.auth.is_some() && self.token.is_none() {
+                    match self.authenticate(index, deadline, stop)? {
+                        Ok(token) => self.token = Some(token),
+                        Err(Outcome::NextMember(error)) => {
+                            errors.push(error);
+                            break;
+                        }
+                        Err(Outcome::Refused { code, message }) => {
+                            let user = self.setting.auth.as_ref().map_or("", |auth| &auth.user);
+                            return Err(Failure::Refused {
+                                code,
+                                message: format!(
+                                    "etcd refused to authenticate user \"{user}\": {message}"
+                                ),
+                            });
+                        }
+                        Err(Outcome::Answer(_)) => unreachable!("an answer is Ok"),
+                    }
+                    authenticated_now = true;
+                }
+                match self.request(index, path, body, deadline, stop)? {
+                    Outcome::Answer(reply) => {
+                        self.current = index;
+                        return Ok(reply);
+                    }
+                    Outcome::NextMember(error) => {
+                        errors.push(error);
+                        // The next call starts at the next member, even when this call's budget
+                        // ends before it gets there.
+                        self.current = (index + 1) % count;
+                        break;
+                    }
+                    // A token etcd no longer knows (it lapses after idling): once more with a new
+                    // one.
+                    Outcome::Refused {
+                        code: UNAUTHENTICATED,
+                        ..
+                    } if self.setting.auth.is_some() && !authenticated_now => {
+                        self.token = None;
+                    }
+                    Outcome::Refused { code, message } => {
+                        self.current = index;
+                        let message = format!("etcd refused {path}: {message}");
+                        return Err(Failure::Refused { code, message });
+                    }
+                }
+            }
+            if Instant::now() >= budget {
+                break;
+            }
+        }
+        if errors.is_empty() {
+            return Err(Failure::TimedOut);
+        }
+        Err(Failure::Error(errors.join("; ")))
+    }
+
+    /// A token for etcd's user authentication, from `member`.
+    fn authenticate(
+        &mut self,
+        member: usize,
+        deadline: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Result<String, Outcome>, Failure> {
+        let auth = self.setting.auth.clone().expect("called with auth set");
+        let password = std::fs::read_to_string(&auth.password_file).map_err(|error| {
+            Failure::Error(format!(
+                "could not read the etcd password from \"{}\": {error}",
+                auth.password_file
+            ))
+        })?;
+        let password = password.trim_end_matches(['\n', '\r']);
+        let body = serde_json::json!({"name": auth.user, "password": password});
+        Ok(
+            match self.request(member, "/v3/auth/authenticate", &body, deadline, stop)? {
+                Outcome::Answer(reply) => match reply.body["token"].as_str() {
+                    Some(token) => Ok(token.to_string()),
+                    None => Err(Outcome::NextMember(format!(
+                        "etcd member {} returned no token",
+                        self.setting.members[member]
+                    ))),
+                },
+                other => Err(other),
+            },
+        )
+    }
+
+    /// One request to one member, before `deadline`.
+    fn request(
+        &self,
+        member: usize,
+        path: &str,
+        body: &Value,
+        deadline: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Outcome, Failure> {
+        let name = &self.setting.members[member];
+        let url = format!("{}://{name}{path}", self.setting.scheme());
+        let failed =
+            |error: curl::Error| Outcome::NextMember(format!("etcd member {name}: {error}"));
+        let easy = match self.prepare(&url, body, deadline) {
+            Ok(easy) => easy,
+            Err(error) => return Ok(failed(error)),
+        };
+        let (easy, result) = transfer(easy, deadline, stop)?;
+        if let Err(error) = result {
+            return Ok(if error.is_operation_timedout() {
+                Outcome::NextMember(format!("etcd member {name}: no answer in time"))
+            } else {
+                failed(error)
+            });
+        }
+        let status = easy.response_code().unwrap_or(0);
+        let answer = easy.get_ref();
+        let Ok(body) = serde_json::from_slice::<Value>(&answer.body) else {
+            return Ok(Outcome::NextMember(format!(
+                "etcd member {name} answered HTTP {status} with no JSON: {}",
+                String::from_utf8_lossy(&answer.body[..answer.body.len().min(200)]).trim()
+            )));
+        };
+        if status == 200 && body.get("error").is_none() {
+            return Ok(Outcome::Answer(Reply {
+                body,
+                date_unix_ms: answer.date_unix_ms,
+            }));
+        }
+        let code = body["code"].as_i64().unwrap_or(0);
+        let message = body["message"]
+            .as_str()
+            .or(body["error"].as_str())
+            .unwrap_or("no message")
+            .to_string();
+        Ok(if REFUSALS.contains(&code) {
+            Outcome::Refused { code, message }
+        } else {
+            Outcome::NextMember(format!("etcd member {name}: {message}"))
+        })
+    }
+
+    fn prepare(
+        &self,
+        url: &str,
+        body: &Value,
+        deadline: Instant,
+    ) -> Result<Easy2<Answer>, curl::Error> {
+        let mut easy = Easy2::new(Answer::default());
+        easy.url(url)?;
+        // A server process must not get libcurl's SIGALRM, nor follow the proxy of its environment.
+        easy.signal(false)?;
+        easy.noproxy("*")?;
+        easy.post(true)?;
+        easy.post_fields_copy(body.to_string().as_bytes())?;
+        let mut headers = List::new();
+        headers.append("Content-Type: application/json")?;
+        if let Some(token) = &self.token {
+            headers.append(&format!("Authorization: {token}"))?;
+        }
+        easy.http_headers(headers)?;
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        easy.connect_timeout(left)?;
+        easy.timeout(left)?;
+        if let Some(tls) = &self.setting.tls {
+            easy.cainfo(&tls.ca_file)?;
+            if let Some((cert, key)) = &tls.client {
+                easy.ssl_cert(cert)?;
+                easy.ssl_key(key)?;
+            }
+        }
+        Ok(easy)
+    }
+}
+
+/// gRPC codes that etcd answers for the request itself, whichever member is asked.
+const INVALID_ARGUMENT: i64 = 3;
+const NOT_FOUND: i64 = 5;
+const PERMISSION_DENIED: i64 = 7;
+const FAILED_PRECONDITION: i64 = 9;
+const UNAUTHENTICATED: i64 = 16;
+const REFUSALS: [i64; 5] = [
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    PERMISSION_DENIED,
+    FAILED_PRECONDITION,
+    UNAUTHENTICATED,
+];
+
+/// Whether etcd refused with "not found" (a lease that is gone).
+pub fn is_not_found(failure: &Failure) -> bool {
+    matches!(
+        failure,
+        Failure::Refused {
+            code: NOT_FOUND,
+            ..
+        }
+    )
+}
+
+/// Runs one transfer to its end, `deadline` or `stop`.
+fn transfer(
+    easy: Easy2<Answer>,
+    deadline: Instant,
+    stop: &mut dyn FnMut() -> bool,
+) -> Result<(Easy2<Answer>, Result<(), curl::Error>), Failure> {
+    let multi = Multi::new();
+    let failed = |error: curl::MultiError| Failure::Error(format!("libcurl: {error}"));
+    let handle = multi.add2(easy).map_err(failed)?;
+    loop {
+        let running = multi.perform().map_err(failed)?;
+        if running == 0 {
+            break;
+        }
+        if stop() {
+            return Err(Failure::Stopped);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Failure::TimedOut);
+        }
+        multi
+            .wait(&mut [], left.min(STOP_CHECK_EVERY))
+            .map_err(failed)?;
+    }
+    let mut result = Ok(());
+    multi.messages(|message| {
+        if let Some(outcome) = message.result_for2(&handle) {
+            result = outcome;
+        }
+    });
+    let easy = multi.remove2(handle).map_err(failed)?;
+    Ok((easy, result))
+}
+
+/// What a member sent back.
+#[derive(Default)]
+struct Answer {
+    body: Vec<u8>,
+    date_unix_ms: Option<i64>,
+}
+
+impl Handler for Answer {
+    fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
+        // etcd's answers are small; a member that streams without end is cut off by the deadline.
+        self.body.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn header(&mut self, data: &[u8]) -> bool {
+        let line = String::from_utf8_lossy(data);
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("date") {
+                self.date_unix_ms = http_date_unix_ms(value.trim());
+            }
+        }
+        true
+    }
+}
+
+/// Unix ms of an HTTP date such as `Tue, 01 Dec 2026 12:54:13 GMT`.
+pub fn http_date_unix_ms(text: &str) -> Option<i64> {
+    let [_, day, month, year, clock, "GMT"] = text.split_whitespace().collect::<Vec<_>>()[..]
+    else {
+        return None;
+    };
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = MONTHS.iter().position(|name| *name == month)? as i64 + 1;
+    let (day, year): (i64, i64) = (day.parse().ok()?, year.parse().ok()?);
+    let clock = clock
+        .split(':')
+        .map(|part| part.parse::<i64>().ok())
+        .collect::<Option<Vec<_>>>()?;
+    let [hour, minute, second] = clock[..] else {
+        return None;
+    };
+    // Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    Some(((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000)
+}
+
+/// etcd's JSON gateway carries keys and values in base64.
+pub fn encode(bytes: &str) -> String {
+    BASE64.encode(bytes)
+}
+
+pub fn decode(text: &str) -> Option<String> {
+    String::from_utf8(BASE64.decode(text).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::format_unix_ms;
+
+    #[test]
+    fn http_dates_read_as_unix_ms() {
+        let ms = http_date_unix_ms("Tue, 01 Dec 2026 12:54:13 GMT").unwrap();
+        assert_eq!(format_unix_ms(ms), "2026-12-01 12:54:13.000 UTC");
+        let leap = http_date_unix_ms("Tue, 29 Feb 2000 00:00:00 GMT").unwrap();
+        assert_eq!(leap, 951_782_400_000);
+        assert_eq!(http_date_unix_ms("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(http_date_unix_ms("Tue, 01 Dec 2026 12:54:13 CET"), None);
+        assert_eq!(http_date_unix_ms("yesterday"), None);
+    }
+
+    #[test]
+    fn keys_and_values_travel_in_base64() {
+        assert_eq!(encode("/snowid/workers/5"), "L3Nub3dpZC93b3JrZXJzLzU=");
+        assert_eq!(
+            decode("L3Nub3dpZC93b3JrZXJzLzU=").as_deref(),
+            Some("/snowid/workers/5")
+        );
+        assert_eq!(decode("not base64!"), None);
+    }
+
+    #[test]
+    fn a_member_that_never_answers_gives_way_to_the_next_and_stop_ends_the_wait() {
+        // A listener that accepts connections and never answers.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent_port = silent.local_addr().unwrap().port();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let setting = Setting::parse(&format!(
+            "etcd://127.0.0.1:{silent_port},127.0.0.1:{closed_port}/x"
+        ))
+        .unwrap();
+        let mut gateway = Gateway::new(setting);
+        let started = Instant::now();
+        let error = gateway
+            .call(
+                "/v3/kv/range",
+                &serde_json::json!({}),
+                started + Duration::from_secs(10),
+                &mut || false,
+            )
+            .err()
+            .unwrap();
+        let took = started.elapsed();
+        // libcurl's own timer may end the transfer a little before the deadline.
+        let limit = MEMBER_LIMIT.as_secs_f64();
+        assert!(
+            (limit - 0.1..limit + 0.5).contains(&took.as_secs_f64()),
+            "{took:?}"
+        );
+        let Failure::Error(text) = error else {
+            panic!("{error:?}")
+        };
+        assert!(text.starts_with(&format!("etcd member 127.0.0.1:{silent_port}: no answer in time; etcd member 127.0.0.1:{closed_port}: ")), "{text}");
+        let started = Instant::now();
+        let mut asked = 0;
+        let stopped = gateway.call(
+            "/v3/kv/range",
+            &serde_json::json!({}),
+            started + Duration::from_secs(10),
+            &mut || {
+                asked += 1;
+                asked > 10
+            },
+        );
+        assert_eq!(stopped.err(), Some(Failure::Stopped));
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -1,0 +1,865 @@
+//! Worker-id leases in an etcd cluster, the registry the Snowflake design names. Three keys per
+//! worker id N, under the setting's prefix:
+//!
+//! - `PREFIX/workers/N`: the holder's name, bound to an etcd lease of `snowid.lease_ttl`;
+//! - `PREFIX/holders/N`: who holds it, for snowid (system identifier and data directory, run of
+//!   the server, timeline, clock, when it took the key and the mark it took it at), in JSON, bound
+//!   to the same etcd lease;
+//! - `PREFIX/marks/N`: the high-water mark in milliseconds since 2026-01-01, bound to no lease.
+//!
+//! Every change is a transaction that compares the three keys' revisions with those just read, so
+//! that a worker id has one holder at a time and the mark never goes down: a claim that lost a race
+//! reads again. Only a keep-alive extends an etcd lease, so a renewal is a keep-alive, then a
+//! transaction that raises the mark; a release is a transaction (the mark lowered to the last id,
+//! never below the mark the holder took the key at, and both leased keys deleted), then a revoke.
+//! The rules are those of the PostgreSQL registry (see `lease`): the deadline counted from when the
+//! claim was sent, the next holder starting above the mark, a restart of the holder taking its key
+//! back at once, and takeovers from a fenced primary of the same cluster.
+
+pub mod gateway;
+pub mod setting;
+
+use crate::layout::EPOCH_UNIX_MS;
+use crate::lease::{ClaimRow, Fence};
+use gateway::{decode, encode, is_not_found, Failure, Gateway, Reply};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// How far ahead of the registry's clock a claim may reserve, beyond its time-to-live, as the
+/// PostgreSQL registry allows: a server whose clock runs far ahead cannot spend the worker id.
+const RESERVATION_SLACK_MS: u64 = 3_600_000;
+
+/// How many times a claim reads again after losing a race to another server.
+const ATTEMPTS: usize = 5;
+
+const WORKER_IDS: u16 = 1024;
+
+/// What a claim sends.
+pub struct Request<'a> {
+    pub holder: &'a str,
+    pub incarnation: &'a str,
+    pub name: &'a str,
+    pub ttl: Duration,
+    /// Milliseconds since the snowid epoch that this holder's ids stay below.
+    pub reserve_until_ms: u64,
+    pub timeline: u64,
+    /// This server's clock, in Unix microseconds.
+    pub now_unix_us: i64,
+    pub fence: Option<Fence>,
+}
+
+/// Who holds a worker id, as `PREFIX/holders/N` records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub holder: String,
+    pub incarnation: String,
+    pub name: String,
+    /// When this run of the holder took the key (Unix microseconds, its clock).
+    pub tenure: i64,
+    /// The mark when the holder took the key: its release never lowers the mark below it.
+    pub acquired_mark_ms: u64,
+    pub timeline: u64,
+    /// The holder's clock at its last claim, in milliseconds since the snowid epoch.
+    pub clock_ms: u64,
+}
+
+impl Holder {
+    fn to_json(&self) -> String {
+        json!({
+            "holder": self.holder,
+            "incarnation": self.incarnation,
+            "name": self.name,
+            "tenure": self.tenure,
+            "acquired_mark_ms": self.acquired_mark_ms,
+            "timeline": self.timeline,
+            "clock_ms": self.clock_ms,
+        })
+        .to_string()
+    }
+
+    fn from_json(text: &str) -> Option<Holder> {
+        let value: Value = serde_json::from_str(text).ok()?;
+        Some(Holder {
+            holder: value["holder"].as_str()?.into(),
+            incarnation: value["incarnation"].as_str()?.into(),
+            name: value["name"].as_str()?.into(),
+            tenure: value["tenure"].as_i64()?,
+            acquired_mark_ms: value["acquired_mark_ms"].as_u64()?,
+            timeline: value["timeline"].as_u64()?,
+            clock_ms: value["clock_ms"].as_u64()?,
+        })
+    }
+}
+
+/// One key as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slot {
+    pub value: Option<String>,
+    pub lease: i64,
+    /// 0 for a key that does not exist, which is what a transaction compares it with.
+    pub mod_revision: i64,
+}
+
+/// A worker id's three keys, read together.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub worker: Slot,
+    pub holding: Slot,
+    pub mark: Slot,
+    pub registry_unix_ms: Option<i64>,
+}
+
+impl Snapshot {
+    fn holder(&self) -> Option<Holder> {
+        Holder::from_json(self.holding.value.as_deref()?)
+    }
+
+    fn mark_ms(&self) -> Result<u64, String> {
+        self.mark.value.as_deref().map_or(Ok(0), |text| {
+            text.trim()
+                .parse()
+                .map_err(|_| format!("the etcd key of the high-water mark holds \"{text}\", not a number of milliseconds"))
+        })
+    }
+}
+
+/// What a claim does, decided on a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// This run of the server holds the key: keep its etcd lease alive.
+    Renew { lease: i64, holder: Holder },
+    /// Take the key with a new etcd lease: it is free, this server's from an earlier run, or
+    /// `taken_from` a fenced primary. Ids start at `floor_ms`.
+    Take {
+        floor_ms: u64,
+        acquired_mark_ms: u64,
+        continued: bool,
+        taken_from: Option<String>,
+    },
+    /// Another server holds it, under this etcd lease.
+    Refuse { holder_name: String, lease: i64 },
+}
+
+/// Decides a claim of the worker id `snapshot` shows.
+pub fn plan(snapshot: &Snapshot, request: &Request, worker_id: u16) -> Result<Plan, String> {
+    let mark_ms = snapshot.mark_ms()?;
+    let Some(name) = &snapshot.worker.value else {
+        return Ok(Plan::Take {
+            floor_ms: mark_ms,
+            acquired_mark_ms: mark_ms,
+            continued: false,
+            taken_from: None,
+        });
+    };
+    let holder = snapshot.holder();
+    match (&holder, request.fence) {
+        (Some(holder), _) if holder.holder == request.holder => {
+            Ok(if holder.incarnation == request.incarnation {
+                Plan::Renew {
+                    lease: snapshot.worker.lease,
+                    holder: holder.clone(),
+                }
+            } else {
+                Plan::Take {
+                    floor_ms: mark_ms,
+                    acquired_mark_ms: holder.acquired_mark_ms,
+                    continued: true,
+                    taken_from: None,
+                }
+            })
+        }
+        (_, Some(fence)) => {
+            let holder = holder.ok_or_else(|| {
+                format!("worker id {worker_id} is held by {name}, whose record in the etcd key holders/{worker_id} snowid cannot read")
+            })?;
+            let floor_ms = take_over_floor(&holder, mark_ms, request, fence, worker_id)?;
+            Ok(Plan::Take {
+                floor_ms,
+                acquired_mark_ms: floor_ms,
+                continued: false,
+                taken_from: Some(holder.name),
+            })
+        }
+        _ => Ok(Plan::Refuse {
+            holder_name: name.clone(),
+            lease: snapshot.worker.lease,
+        }),
+    }
+}
+
+/// Where a takeover from a fenced primary starts, with the checks of the PostgreSQL registry's
+/// `snowid.lease_take_over`: a holder of this server's own cluster (system identifier and
+/// cluster_name), on an earlier timeline, whose clock was never seen more than the fence's skew
+/// ahead of this server's.
+fn take_over_floor(
+    holder: &Holder,
+    mark_ms: u64,
+    request: &Request,
+    fence: Fence,
+    worker_id: u16,
+) -> Result<u64, String> {
+    let system = |holder: &str| holder.split('-').next().map(str::to_string);
+    let cluster = |name: &str| name.split_once('@').map(|(cluster, _)| cluster.to_string());
+    if system(&holder.holder) != system(request.holder)
+        || cluster(request.name).is_none()
+        || cluster(&holder.name) != cluster(request.name)
+    {
+        return Err(format!(
+            "worker id {worker_id} is held by {}, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster (the same system identifier and cluster_name)",
+            holder.name
+        ));
+    }
+    if holder.timeline >= request.timeline {
+        return Err(format!(
+            "worker id {worker_id} is held by {}, on timeline {}, not before this server's timeline {}: it is not a primary this server was promoted after",
+            holder.name, holder.timeline, request.timeline
+        ));
+    }
+    // How far the holder's clock was ahead of this server's: at its last claim, and in the highest
+    // reservation it made since it took the key (its clock then, plus a time-to-live).
+    let fence_ms = fence.fenced_at_ms as i64;
+    let mut ahead_ms = holder.clock_ms as i64 - fence_ms;
+    if mark_ms > holder.acquired_mark_ms {
+        ahead_ms = ahead_ms.max(mark_ms as i64 - request.ttl.as_millis() as i64 - fence_ms);
+    }
+    if ahead_ms > fence.max_skew_ms as i64 {
+        return Err(format!(
+            "the clock of {}, which holds worker id {worker_id}, read {ahead_ms} ms ahead of this server's, more than snowid.max_clock_skew ({} ms) allows: it may have issued ids above where this server would start",
+            holder.name, fence.max_skew_ms
+        ));
+    }
+    Ok(holder
+        .acquired_mark_ms
+        .max(fence.fenced_at_ms + fence.max_skew_ms))
+}
+
+/// A claim that was granted.
+struct Granted {
+    ttl_s: i64,
+    holder: Holder,
+    floor_ms: u64,
+    continued: bool,
+    renewal: bool,
+    taken_from: Option<String>,
+}
+
+/// The registry, through the members that `snowid.registry` lists.
+pub struct Etcd {
+    gateway: Gateway,
+}
+
+impl Etcd {
+    pub fn new(setting: setting::Setting) -> Etcd {
+        Etcd {
+            gateway: Gateway::new(setting),
+        }
+    }
+
+    fn key(&self, kind: &str, worker_id: u16) -> String {
+        format!("{}/{kind}/{worker_id}", self.gateway.setting().prefix)
+    }
+
+    /// Claims `worker_id`, or with `None` the one this server holds or the lowest free one. The
+    /// row says what came of it, as the PostgreSQL registry's functions would.
+    pub fn claim(
+        &mut self,
+        worker_id: Option<u16>,
+        request: &Request,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<ClaimRow, Failure> {
+        let Some(worker_id) = worker_id else {
+            return self.claim_any(request, budget, stop);
+        };
+        for _ in 0..ATTEMPTS {
+            if let Some(row) = self.try_claim(worker_id, request, budget, stop)? {
+                return Ok(row);
+            }
+        }
+        Err(Failure::Error(format!(
+            "the etcd keys of worker id {worker_id} changed under each of {ATTEMPTS} claims in a row"
+        )))
+    }
+
+    fn claim_any(
+        &mut self,
+        request: &Request,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<ClaimRow, Failure> {
+        for _ in 0..ATTEMPTS {
+            let own = self
+                .range_prefix("holders", budget, stop)?
+                .into_iter()
+                .filter(|(_, slot)| {
+                    slot.value
+                        .as_deref()
+                        .and_then(Holder::from_json)
+                        .is_some_and(|holder| holder.holder == request.holder)
+                })
+                .map(|(worker_id, _)| worker_id)
+                .min();
+            let worker_id = match own {
+                Some(worker_id) => worker_id,
+                None => {
+                    let taken: Vec<u16> = self
+                        .range_prefix("workers", budget, stop)?
+                        .into_iter()
+                        .map(|(worker_id, _)| worker_id)
+                        .collect();
+                    match (0..WORKER_IDS).find(|id| !taken.contains(id)) {
+                        Some(worker_id) => worker_id,
+                        None => {
+                            return Ok(ClaimRow {
+                                granted: Some(false),
+                                holder_name: Some(
+                                    "other servers (all 1024 worker ids are leased)".into(),
+                                ),
+                                ..ClaimRow::default()
+                            })
+                        }
+                    }
+                }
+            };
+            // Another server may have taken it meanwhile: then pick again.
+            if let Some(row) = self.try_claim(worker_id, request, budget, stop)? {
+                if row.granted == Some(true) || own.is_some() {
+                    return Ok(row);
+                }
+            }
+        }
+        Err(Failure::Error(format!(
+            "other servers took each free worker id first, {ATTEMPTS} times in a row"
+        )))
+    }
+
+    /// One claim of `worker_id`; `None` when its keys changed meanwhile.
+    fn try_claim(
+        &mut self,
+        worker_id: u16,
+        request: &Request,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<ClaimRow>, Failure> {
+        let snapshot = self.read(worker_id, budget, stop)?;
+        let plan = plan(&snapshot, request, worker_id).map_err(Failure::Error)?;
+        let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
+        let registry_ms = snapshot
+            .registry_unix_ms
+            .unwrap_or(request.now_unix_us / 1000);
+        let cap_ms = (registry_ms - EPOCH_UNIX_MS).max(0) as u64
+            + request.ttl.as_millis() as u64
+            + RESERVATION_SLACK_MS
+            + 1000;
+        let new_mark_ms = mark_ms.max(request.reserve_until_ms.min(cap_ms));
+        let clock_ms = request
+            .reserve_until_ms
+            .saturating_sub(request.ttl.as_millis() as u64);
+        let granted = match plan {
+            Plan::Refuse { holder_name, lease } => {
+                let reply = self.call(
+                    "/v3/lease/timetolive",
+                    json!({"ID": lease.to_string()}),
+                    budget,
+                    stop,
+                )?;
+                let left_s = int(&reply.body["TTL"]).max(0);
+                return Ok(Some(ClaimRow {
+                    worker_id: Some(i32::from(worker_id)),
+                    granted: Some(false),
+                    holder_name: Some(holder_name),
+                    expires_at_unix_ms: Some(registry_ms + left_s * 1000),
+                    released: Some(false),
+                    ..ClaimRow::default()
+                }));
+            }
+            Plan::Renew { lease, holder } => {
+                let reply = self.call(
+                    "/v3/lease/keepalive",
+                    json!({"ID": lease.to_string()}),
+                    budget,
+                    stop,
+                )?;
+                let ttl_s = int(&reply.body["result"]["TTL"]);
+                let holder = Holder {
+                    timeline: request.timeline,
+                    clock_ms,
+                    ..holder
+                };
+                if ttl_s <= 0 {
+                    // The etcd lease ran out (etcd itself was down longer than it): take the key
+                    // anew, as a new run of this server would.
+                    let holder = Holder {
+                        tenure: request.now_unix_us,
+                        ..holder
+                    };
+                    self.take(
+                        worker_id,
+                        &snapshot,
+                        request.ttl,
+                        new_mark_ms,
+                        holder,
+                        budget,
+                        stop,
+                    )?
+                    .map(|(ttl_s, holder)| Granted {
+                        ttl_s,
+                        holder,
+                        floor_ms: mark_ms,
+                        continued: true,
+                        renewal: false,
+                        taken_from: None,
+                    })
+                } else {
+                    let ops = vec![
+                        put(&self.key("marks", worker_id), &new_mark_ms.to_string(), 0),
+                        put(&self.key("holders", worker_id), &holder.to_json(), lease),
+                    ];
+                    self.commit(worker_id, &snapshot, ops, budget, stop)?
+                        .then_some(Granted {
+                            ttl_s,
+                            holder,
+                            floor_ms: mark_ms,
+                            continued: true,
+                            renewal: true,
+                            taken_from: None,
+                        })
+                }
+            }
+            Plan::Take {
+                floor_ms,
+                acquired_mark_ms,
+                continued,
+                taken_from,
+            } => {
+                let holder = Holder {
+                    holder: request.holder.into(),
+                    incarnation: request.incarnation.into(),
+                    name: request.name.into(),
+                    tenure: request.now_unix_us,
+                    acquired_mark_ms,
+                    timeline: request.timeline,
+                    clock_ms,
+                };
+                self.take(
+                    worker_id,
+                    &snapshot,
+                    request.ttl,
+                    new_mark_ms,
+                    holder,
+                    budget,
+                    stop,
+                )?
+                .map(|(ttl_s, holder)| Granted {
+                    ttl_s,
+                    holder,
+                    floor_ms,
+                    continued,
+                    renewal: false,
+                    taken_from,
+                })
+            }
+        };
+        Ok(granted.map(|granted| ClaimRow {
+            worker_id: Some(i32::from(worker_id)),
+            granted: Some(true),
+            floor_ms: Some(granted.floor_ms as i64),
+            reserved_until_ms: Some(new_mark_ms as i64),
+            holder_name: Some(granted.holder.name),
+            expires_at_unix_ms: Some(registry_ms + granted.ttl_s * 1000),
+            continued: Some(granted.continued),
+            renewal: Some(granted.renewal),
+            released: Some(false),
+            tenure: Some(granted.holder.tenure),
+            taken_from: granted.taken_from,
+        }))
+    }
+
+    /// Takes `worker_id`'s keys with a new etcd lease; `None` when they changed meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &mut self,
+        worker_id: u16,
+        snapshot: &Snapshot,
+        ttl: Duration,
+        new_mark_ms: u64,
+        holder: Holder,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<(i64, Holder)>, Failure> {
+        let ttl_s = ttl.as_secs().max(1);
+        let reply = self.call(
+            "/v3/lease/grant",
+            json!({"TTL": ttl_s.to_string()}),
+            budget,
+            stop,
+        )?;
+        let lease = int(&reply.body["ID"]);
+        let granted_s = int(&reply.body["TTL"]);
+        if lease == 0 || granted_s <= 0 {
+            return Err(Failure::Error("etcd granted no lease".into()));
+        }
+        let ops = vec![
+            put(&self.key("workers", worker_id), &holder.name, lease),
+            put(&self.key("holders", worker_id), &holder.to_json(), lease),
+            put(&self.key("marks", worker_id), &new_mark_ms.to_string(), 0),
+        ];
+        if self.commit(worker_id, snapshot, ops, budget, stop)? {
+            return Ok(Some((granted_s, holder)));
+        }
+        // Lost the race: the new etcd lease holds nothing, and would run out by itself.
+        let _ = self.call(
+            "/v3/lease/revoke",
+            json!({"ID": lease.to_string()}),
+            budget,
+            stop,
+        );
+        Ok(None)
+    }
+
+    /// Releases `worker_id`, held by this run of the server, lowering its mark to `high_water_ms`
+    /// (never below the mark it took the key at); nothing when another holds it.
+    pub fn release(
+        &mut self,
+        worker_id: u16,
+        holder: &str,
+        incarnation: &str,
+        high_water_ms: u64,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<(), Failure> {
+        for _ in 0..ATTEMPTS {
+            let snapshot = self.read(worker_id, budget, stop)?;
+            let Some(own) = snapshot
+                .holder()
+                .filter(|own| own.holder == holder && own.incarnation == incarnation)
+            else {
+                return Ok(());
+            };
+            let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
+            let lowered = own.acquired_mark_ms.max(mark_ms.min(high_water_ms));
+            let ops = vec![
+                put(&self.key("marks", worker_id), &lowered.to_string(), 0),
+                delete(&self.key("workers", worker_id)),
+                delete(&self.key("holders", worker_id)),
+            ];
+            if self.commit(worker_id, &snapshot, ops, budget, stop)? {
+                let lease = snapshot.worker.lease.to_string();
+                return match self.call("/v3/lease/revoke", json!({"ID": lease}), budget, stop) {
+                    Err(failure) if !is_not_found(&failure) => Err(failure),
+                    _ => Ok(()),
+                };
+            }
+        }
+        Err(Failure::Error(format!(
+            "the etcd keys of worker id {worker_id} changed under each of {ATTEMPTS} releases in a row"
+        )))
+    }
+
+    /// Reads `worker_id`'s three keys at one revision.
+    fn read(
+        &mut self,
+        worker_id: u16,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Snapshot, Failure> {
+        let ranges: Vec<Value> = ["workers", "holders", "marks"]
+            .iter()
+            .map(|kind| json!({"request_range": {"key": encode(&self.key(kind, worker_id))}}))
+            .collect();
+        let reply = self.call("/v3/kv/txn", json!({"success": ranges}), budget, stop)?;
+        let slot = |index: usize| {
+            reply.body["responses"][index]["response_range"]["kvs"]
+                .get(0)
+                .map(slot_of)
+                .unwrap_or_default()
+        };
+        Ok(Snapshot {
+            worker: slot(0),
+            holding: slot(1),
+            mark: slot(2),
+            registry_unix_ms: reply.date_unix_ms,
+        })
+    }
+
+    /// The worker ids that have a key under `PREFIX/KIND/`.
+    fn range_prefix(
+        &mut self,
+        kind: &str,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<(u16, Slot)>, Failure> {
+        let start = format!("{}/{kind}/", self.gateway.setting().prefix);
+        // The key right after every key that starts so: '/' + 1 is '0'.
+        let end = format!("{}0", &start[..start.len() - 1]);
+        let reply = self.call(
+            "/v3/kv/range",
+            json!({"key": encode(&start), "range_end": encode(&end)}),
+            budget,
+            stop,
+        )?;
+        Ok(reply.body["kvs"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|kv| {
+                let key = decode(kv["key"].as_str()?)?;
+                let worker_id: u16 = key.strip_prefix(&start)?.parse().ok()?;
+                (worker_id < WORKER_IDS).then(|| (worker_id, slot_of(kv)))
+            })
+            .collect())
+    }
+
+    /// Applies `ops` if `worker_id`'s keys are as `snapshot` read them; false if they changed.
+    fn commit(
+        &mut self,
+        worker_id: u16,
+        snapshot: &Snapshot,
+        ops: Vec<Value>,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, Failure> {
+        let compare: Vec<Value> = [
+            ("workers", &snapshot.worker),
+            ("holders", &snapshot.holding),
+            ("marks", &snapshot.mark),
+        ]
+        .iter()
+        .map(|(kind, slot)| {
+            json!({
+                "key": encode(&self.key(kind, worker_id)),
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": slot.mod_revision.to_string(),
+            })
+        })
+        .collect();
+        let reply = self.call(
+            "/v3/kv/txn",
+            json!({"compare": compare, "success": ops}),
+            budget,
+            stop,
+        )?;
+        Ok(reply.body["succeeded"].as_bool() == Some(true))
+    }
+
+    fn call(
+        &mut self,
+        path: &str,
+        body: Value,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Reply, Failure> {
+        self.gateway.call(path, &body, budget, stop)
+    }
+}
+
+fn put(key: &str, value: &str, lease: i64) -> Value {
+    let mut put = json!({"key": encode(key), "value": encode(value)});
+    if lease != 0 {
+        put["lease"] = json!(lease.to_string());
+    }
+    json!({ "request_put": put })
+}
+
+fn delete(key: &str) -> Value {
+    json!({"request_delete_range": {"key": encode(key)}})
+}
+
+fn slot_of(kv: &Value) -> Slot {
+    Slot {
+        value: kv["value"].as_str().map_or(Some(String::new()), decode),
+        lease: int(&kv["lease"]),
+        mod_revision: int(&kv["mod_revision"]),
+    }
+}
+
+/// An int64 of etcd's JSON, which writes them as strings; 0 when absent (etcd leaves zeros out).
+fn int(value: &Value) -> i64 {
+    value
+        .as_str()
+        .and_then(|text| text.parse().ok())
+        .or(value.as_i64())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn request(fence: Option<Fence>) -> Request<'static> {
+        Request {
+            holder: "7351-aaaa",
+            incarnation: "run2",
+            name: "pg@node2:5432",
+            ttl: TTL,
+            reserve_until_ms: 100_000 + 30_000,
+            timeline: 2,
+            now_unix_us: 1_795_953_600_000_000,
+            fence,
+        }
+    }
+
+    fn holder(holder: &str, incarnation: &str, name: &str, timeline: u64) -> Holder {
+        Holder {
+            holder: holder.into(),
+            incarnation: incarnation.into(),
+            name: name.into(),
+            tenure: 1_795_953_000_000_000,
+            acquired_mark_ms: 40_000,
+            timeline,
+            clock_ms: 99_000,
+        }
+    }
+
+    fn snapshot(holding: Option<&Holder>, mark_ms: u64) -> Snapshot {
+        Snapshot {
+            worker: Slot {
+                value: holding.map(|holding| holding.name.clone()),
+                lease: holding.map_or(0, |_| 77),
+                mod_revision: 12,
+            },
+            holding: Slot {
+                value: holding.map(Holder::to_json),
+                lease: holding.map_or(0, |_| 77),
+                mod_revision: 12,
+            },
+            mark: Slot {
+                value: Some(mark_ms.to_string()),
+                lease: 0,
+                mod_revision: 11,
+            },
+            registry_unix_ms: None,
+        }
+    }
+
+    #[test]
+    fn the_holders_record_reads_back() {
+        let record = holder("7351-aaaa", "run1", "pg@node1:5432", 1);
+        assert_eq!(Holder::from_json(&record.to_json()), Some(record));
+        assert_eq!(Holder::from_json("{\"holder\":\"x\"}"), None);
+        assert_eq!(Holder::from_json("not json"), None);
+    }
+
+    #[test]
+    fn free_own_and_others_keys() {
+        let take = |floor_ms, acquired_mark_ms, continued| Plan::Take {
+            floor_ms,
+            acquired_mark_ms,
+            continued,
+            taken_from: None,
+        };
+        // Free (never used, released, or its etcd lease ran out): above the mark.
+        assert_eq!(
+            plan(&snapshot(None, 120_000), &request(None), 5),
+            Ok(take(120_000, 120_000, false))
+        );
+        // This run's own: a renewal of its etcd lease.
+        let own = holder("7351-aaaa", "run2", "pg@node2:5432", 2);
+        assert_eq!(
+            plan(&snapshot(Some(&own), 120_000), &request(None), 5),
+            Ok(Plan::Renew {
+                lease: 77,
+                holder: own.clone()
+            })
+        );
+        // An earlier run's: taken back at once, keeping the mark it took the key at.
+        let earlier = Holder {
+            incarnation: "run1".into(),
+            ..own
+        };
+        assert_eq!(
+            plan(&snapshot(Some(&earlier), 120_000), &request(None), 5),
+            Ok(take(120_000, 40_000, true))
+        );
+        // Another server's, and one whose record is unreadable: refused, naming the holder.
+        let other = holder("7351-bbbb", "x", "pg@node1:5432", 1);
+        assert_eq!(
+            plan(&snapshot(Some(&other), 120_000), &request(None), 5),
+            Ok(Plan::Refuse {
+                holder_name: "pg@node1:5432".into(),
+                lease: 77
+            })
+        );
+        let mut unreadable = snapshot(Some(&other), 120_000);
+        unreadable.holding.value = Some("{}".into());
+        assert_eq!(
+            plan(&unreadable, &request(None), 5),
+            Ok(Plan::Refuse {
+                holder_name: "pg@node1:5432".into(),
+                lease: 77
+            })
+        );
+        let mut bad_mark = snapshot(None, 0);
+        bad_mark.mark.value = Some("soon".into());
+        assert_eq!(
+            plan(&bad_mark, &request(None), 5),
+            Err(
+                "the etcd key of the high-water mark holds \"soon\", not a number of milliseconds"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_takeover_takes_only_from_an_earlier_primary_of_the_same_cluster_with_a_clock_in_bounds() {
+        let fence = Fence {
+            fenced_at_ms: 100_000,
+            max_skew_ms: 1_000,
+        };
+        let primary = holder("7351-bbbb", "x", "pg@node1:5432", 1);
+        // Its last reservation: its clock of 99 s plus the time-to-live.
+        let taken = plan(&snapshot(Some(&primary), 129_000), &request(Some(fence)), 5);
+        assert_eq!(
+            taken,
+            Ok(Plan::Take {
+                floor_ms: 101_000,
+                acquired_mark_ms: 101_000,
+                continued: false,
+                taken_from: Some("pg@node1:5432".into())
+            })
+        );
+        let refused = |holding: &Holder, mark_ms| {
+            plan(&snapshot(Some(holding), mark_ms), &request(Some(fence)), 5).unwrap_err()
+        };
+        let another_system = holder("9999-bbbb", "x", "pg@node1:5432", 1);
+        let another_cluster = holder("7351-bbbb", "x", "other@node1:5432", 1);
+        let other_cluster_error = "worker id 5 is held by other@node1:5432, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster (the same system identifier and cluster_name)";
+        assert_eq!(
+            refused(&another_system, 129_000),
+            "worker id 5 is held by pg@node1:5432, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster (the same system identifier and cluster_name)"
+        );
+        assert_eq!(refused(&another_cluster, 129_000), other_cluster_error);
+        let same_timeline = holder("7351-bbbb", "x", "pg@node1:5432", 2);
+        assert_eq!(
+            refused(&same_timeline, 129_000),
+            "worker id 5 is held by pg@node1:5432, on timeline 2, not before this server's timeline 2: it is not a primary this server was promoted after"
+        );
+        let ahead = Holder {
+            clock_ms: 101_500,
+            ..primary.clone()
+        };
+        assert_eq!(
+            refused(&ahead, 129_000),
+            "the clock of pg@node1:5432, which holds worker id 5, read 1500 ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"
+        );
+        // A reservation further ahead than its last clock tells of a clock that ran ahead since.
+        assert_eq!(
+            refused(&primary, 133_000),
+            "the clock of pg@node1:5432, which holds worker id 5, read 3000 ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"
+        );
+        // A free key is simply claimed.
+        assert_eq!(
+            plan(&snapshot(None, 129_000), &request(Some(fence)), 5),
+            Ok(Plan::Take {
+                floor_ms: 129_000,
+                acquired_mark_ms: 129_000,
+                continued: false,
+                taken_from: None
+            })
+        );
+    }
+}

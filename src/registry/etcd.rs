@@ -1,0 +1,114 @@
+//! The lease keys in the etcd cluster that `snowid.registry` names (see `crate::etcd`), claimed
+//! from the lease worker's own thread: each request to a member is a non-blocking transfer that
+//! looks for SIGTERM and ProcSignalBarriers every few milliseconds.
+
+use crate::claimant::Claimant;
+use crate::etcd::gateway::Failure;
+use crate::etcd::setting::Setting;
+use crate::etcd::{Etcd, Request};
+use crate::lease::{Claim, Fence, Text, Timing};
+use crate::shmem;
+use crate::signals::{sigterm_arrived, sleep_unless_stopped};
+use pgrx::bgworkers::BackgroundWorker;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub struct EtcdRegistry {
+    etcd: Etcd,
+}
+
+/// How long the release at a shutdown may take in all.
+const RELEASE_BUDGET: Duration = Duration::from_secs(1);
+
+impl EtcdRegistry {
+    /// The registry `registry` names; `None` when the server shuts down first.
+    pub fn open(registry: &str) -> Option<EtcdRegistry> {
+        // Connected to no database, the worker shows in pg_stat_activity.
+        BackgroundWorker::connect_worker_to_spi(None, None);
+        match Setting::parse(registry) {
+            Ok(setting) => Some(EtcdRegistry {
+                etcd: Etcd::new(setting),
+            }),
+            Err(error) => {
+                // Only a restart changes the setting, so wait for one.
+                let error = format!("snowid.registry is not a valid etcd registry: {error}");
+                pgrx::log!("snowid lease worker: {error}");
+                shmem::update_lease_status(|status| status.last_error = Text::new(&error));
+                while sleep_unless_stopped(Duration::from_secs(3600)) {}
+                None
+            }
+        }
+    }
+
+    pub fn claim(
+        &mut self,
+        me: &Claimant,
+        worker_id: Option<u16>,
+        timing: Timing,
+        reserve_until_ms: u64,
+        fence: Option<Fence>,
+    ) -> Result<(Option<u16>, Claim, Option<String>), String> {
+        let request = Request {
+            holder: &me.holder,
+            incarnation: &me.incarnation,
+            name: &me.name,
+            ttl: timing.ttl,
+            reserve_until_ms,
+            timeline: u64::from(shmem::timeline()),
+            now_unix_us: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| since.as_micros() as i64),
+            fence,
+        };
+        // A claim that cannot finish within a renewal interval gives way to the next, which starts
+        // at the next member, so that the status says the registry is unreachable well before
+        // the lease's deadline.
+        let budget = Instant::now() + timing.renew_every();
+        let row = self
+            .etcd
+            .claim(worker_id, &request, budget, &mut stop)
+            .map_err(text)?;
+        let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
+        let taken_from = row.taken_from.clone();
+        Ok((worker_id, row.claim(), taken_from))
+    }
+
+    /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
+    /// the members do; a lease not released runs out by itself.
+    pub fn release(
+        &mut self,
+        me: &Claimant,
+        worker_id: u16,
+        high_water_ms: u64,
+    ) -> Result<(), String> {
+        let budget = Instant::now() + RELEASE_BUDGET;
+        self.etcd
+            .release(
+                worker_id,
+                &me.holder,
+                &me.incarnation,
+                high_water_ms,
+                budget,
+                &mut stop,
+            )
+            .map_err(text)
+    }
+}
+
+pub fn description(registry: &str) -> String {
+    Setting::parse(registry).map_or("an invalid snowid.registry".into(), |setting| {
+        setting.describe()
+    })
+}
+
+fn stop() -> bool {
+    shmem::absorb_barriers();
+    sigterm_arrived()
+}
+
+fn text(failure: Failure) -> String {
+    match failure {
+        Failure::Stopped => "interrupted by the server's shutdown".into(),
+        Failure::TimedOut => "the registry did not answer in time".into(),
+        Failure::Refused { message, .. } | Failure::Error(message) => message,
+    }
+}

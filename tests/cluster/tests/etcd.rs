@@ -1,0 +1,732 @@
+//! Worker-id leases in etcd: nodes whose `snowid.registry` names a three-member etcd cluster of
+//! Debian's etcd-server on loopback ports (one member for TLS). The keys are read back with
+//! etcdctl; a second server with the same worker id, a holder that crashed, four nodes picking
+//! any worker id, etcd's leader killed, every member frozen past the lease, TLS with client
+//! certificates and user authentication, a member that never answers. Every id is collected from
+//! every node: none is issued twice.
+
+use postgres::Client;
+use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
+use snowid_cluster_tests::tls::{certificate, certificate_authority};
+use snowid_cluster_tests::{
+    alone, beside_others, error_text, give_to_postgres, lease_worker_pid, wait_for,
+    wait_for_lease_state, Node,
+};
+use std::collections::HashSet;
+use std::fs;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// snowid's epoch, 2026-01-01, in Unix ms.
+const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
+
+fn directory(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("snowid-etcd-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn registry(etcd: &EtcdCluster) -> String {
+    format!("etcd://{}/snowid", etcd.endpoints())
+}
+
+/// A node with worker id `worker_id` (`None`: any free one) on the etcd `registry`, with
+/// `snowid.lease_ttl` `ttl_s`, its lease held.
+fn node(name: &str, worker_id: Option<u16>, registry: &str, ttl_s: u32) -> Node {
+    let ttl = format!("snowid.lease_ttl = {ttl_s}");
+    let node = Node::start(name, worker_id, registry, &[&ttl]);
+    let mut client = node.cluster.connect();
+    let state = wait_for_lease_state(&mut client, "held", Duration::from_secs(15));
+    assert_eq!(state, "held", "{name}: {:?}", status(&mut client));
+    node
+}
+
+/// `snowid_status()`: lease_state, worker_id, lease_holder, registry, last_error.
+fn status(client: &mut Client) -> (String, Option<i32>, Option<String>, String, Option<String>) {
+    let row = client
+        .query_one(
+            "SELECT lease_state, worker_id, lease_holder, registry, last_error FROM snowid_status()",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+}
+
+fn next_id(client: &mut Client) -> Result<i64, String> {
+    client
+        .query_one("SELECT snowid_next()", &[])
+        .map(|row| row.get(0))
+        .map_err(|error| error_text(&error))
+}
+
+fn worker_of(id: i64) -> i64 {
+    (id >> 12) & 1023
+}
+
+fn millis_of(id: i64) -> i64 {
+    id >> 22
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - EPOCH_UNIX_MS
+}
+
+fn mark(etcd: &EtcdCluster, worker_id: u16) -> i64 {
+    etcd.get(&format!("/snowid/marks/{worker_id}"))
+        .unwrap_or_else(|| panic!("no mark for worker id {worker_id}"))
+        .parse()
+        .unwrap()
+}
+
+fn try_mark(etcd: &EtcdCluster, worker_id: u16) -> Option<i64> {
+    let key = format!("/snowid/marks/{worker_id}");
+    etcd.try_etcdctl(&["get", &key, "--print-value-only"])
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// One call of an application: when it ended, relative to the start, and its id or refusal.
+struct Call {
+    at: Duration,
+    result: Result<i64, String>,
+}
+
+/// Calls `snowid_next()` on `node` every 10 ms while `during` runs; returns the calls.
+fn calls_during<T>(nodes: &[&Node], during: impl FnOnce(Instant) -> T) -> (Vec<Vec<Call>>, T) {
+    let done = AtomicBool::new(false);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let applications: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                let done = &done;
+                scope.spawn(move || {
+                    let mut client = node.cluster.connect();
+                    let mut calls = vec![];
+                    while !done.load(Ordering::Relaxed) {
+                        let result = next_id(&mut client);
+                        calls.push(Call {
+                            at: started.elapsed(),
+                            result,
+                        });
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    calls
+                })
+            })
+            .collect();
+        let outcome = during(started);
+        done.store(true, Ordering::Relaxed);
+        (
+            applications
+                .into_iter()
+                .map(|application| application.join().unwrap())
+                .collect(),
+            outcome,
+        )
+    })
+}
+
+/// Every id of `calls`, checked to be distinct across all of them.
+fn distinct_ids<'a>(calls: impl IntoIterator<Item = &'a Call>) -> Vec<i64> {
+    let ids: Vec<i64> = calls
+        .into_iter()
+        .filter_map(|call| call.result.as_ref().ok().copied())
+        .collect();
+    let distinct: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len(), "an id was issued twice");
+    ids
+}
+
+#[test]
+fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
+    let _machine = beside_others();
+    let etcd = EtcdCluster::start(&directory("keys"), 3, None);
+    let registry = registry(&etcd);
+    let node = node("keys", Some(5), &registry, 6);
+    let mut client = node.cluster.connect();
+    let (state, worker_id, holder, shown, error) = status(&mut client);
+    assert_eq!(
+        (state.as_str(), worker_id, holder, error),
+        ("held", Some(5), Some(node.holder_name()), None)
+    );
+    assert_eq!(
+        shown,
+        format!("etcd {}, keys under /snowid/", etcd.endpoints())
+    );
+
+    assert_eq!(etcd.get("/snowid/workers/5"), Some(node.holder_name()));
+    let lease = etcd.lease_of("/snowid/workers/5");
+    assert_ne!(lease, 0);
+    assert_eq!(etcd.lease_of("/snowid/holders/5"), lease);
+    assert_eq!(
+        etcd.lease_of("/snowid/marks/5"),
+        0,
+        "the mark is bound to no lease"
+    );
+    let (left_s, keys) = etcd.lease_time_to_live(lease).unwrap();
+    assert!((1..=6).contains(&left_s), "{left_s}");
+    assert_eq!(keys, ["/snowid/holders/5", "/snowid/workers/5"]);
+    let holding = etcd.get("/snowid/holders/5").unwrap();
+    assert!(
+        holding.contains(&format!("\"name\":\"{}\"", node.holder_name()))
+            && holding.contains("\"timeline\":1"),
+        "{holding}"
+    );
+    // The mark is this holder's reservation: its clock plus the time-to-live.
+    let first_mark = mark(&etcd, 5);
+    let now = now_ms();
+    assert!(
+        (now..=now + 6_000).contains(&first_mark),
+        "{first_mark} against {now}"
+    );
+
+    let mut ids = vec![];
+    for _ in 0..3 {
+        ids.push(next_id(&mut client).unwrap());
+    }
+    assert!(ids.iter().all(|id| worker_of(*id) == 5), "{ids:?}");
+    // A renewal (every 2 s) keeps the etcd lease and raises the mark.
+    wait_for("a renewal", Duration::from_secs(5), || {
+        mark(&etcd, 5) > first_mark
+    });
+    assert_eq!(etcd.lease_of("/snowid/workers/5"), lease);
+    ids.push(next_id(&mut client).unwrap());
+    let last = *ids.last().unwrap();
+    let reserved = mark(&etcd, 5);
+
+    // A clean shutdown deletes both leased keys, revokes the etcd lease and lowers the mark to
+    // just above the last id.
+    drop(client);
+    node.cluster.stop("fast");
+    assert_eq!(
+        etcd.get("/snowid/workers/5"),
+        None,
+        "{}",
+        node.cluster.log()
+    );
+    assert_eq!(etcd.get("/snowid/holders/5"), None);
+    assert_eq!(etcd.lease_time_to_live(lease), None);
+    // Lowered to the clock at the shutdown, from a reservation about 6 s ahead.
+    let released = mark(&etcd, 5);
+    assert!(
+        millis_of(last) < released && released <= now_ms() + 1 && released < reserved - 3_000,
+        "released at {released}, last id at {}, reserved until {reserved}",
+        millis_of(last)
+    );
+
+    // Started again, the node takes the worker id back at once, above the last id.
+    node.cluster.start_again();
+    let mut client = node.cluster.connect();
+    assert_eq!(
+        wait_for_lease_state(&mut client, "held", Duration::from_secs(3)),
+        "held"
+    );
+    let after = next_id(&mut client).unwrap();
+    assert!(after > last, "{after} after {last}");
+    assert_eq!(etcd.get("/snowid/workers/5"), Some(node.holder_name()));
+}
+
+#[test]
+fn a_second_server_is_refused_naming_the_holder_and_takes_over_above_the_mark_once_it_died() {
+    let _machine = beside_others();
+    let etcd = EtcdCluster::start(&directory("takeover"), 3, None);
+    let registry = registry(&etcd);
+    let first = node("first", Some(7), &registry, 6);
+    let second = Node::start("second", Some(7), &registry, &["snowid.lease_ttl = 6"]);
+    let mut second_client = second.cluster.connect();
+    assert_eq!(
+        wait_for_lease_state(
+            &mut second_client,
+            "held by another server",
+            Duration::from_secs(10)
+        ),
+        "held by another server"
+    );
+    let refusal = next_id(&mut second_client).unwrap_err();
+    let expected = format!(
+        "55000: snowid refuses to issue ids: worker id 7 is leased by another server, {}, until ",
+        first.holder_name()
+    );
+    assert!(refusal.starts_with(&expected), "{refusal}");
+    assert!(
+        refusal.ends_with(" UTC HINT: Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."),
+        "{refusal}"
+    );
+
+    let mut first_client = first.cluster.connect();
+    let mut ids: Vec<i64> = (0..50)
+        .map(|_| next_id(&mut first_client).unwrap())
+        .collect();
+    drop(first_client);
+    let mark_before = mark(&etcd, 7);
+    // A crash: nothing released; the second server waits for the etcd lease to run out.
+    first.cluster.kill_postmaster();
+    assert_eq!(
+        wait_for_lease_state(&mut second_client, "held", Duration::from_secs(10)),
+        "held"
+    );
+    assert_eq!(etcd.get("/snowid/workers/7"), Some(second.holder_name()));
+    // Its ids start above the mark, which is above every id of the first server.
+    let started = Instant::now();
+    let first_of_second = loop {
+        match next_id(&mut second_client) {
+            Ok(id) => break id,
+            Err(refusal) => {
+                assert!(
+                    refusal.contains("this server has just taken the lease on worker id 7"),
+                    "{refusal}"
+                );
+                assert!(started.elapsed() < Duration::from_secs(10), "{refusal}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    assert!(millis_of(first_of_second) >= mark_before);
+    assert!(first_of_second > *ids.iter().max().unwrap());
+    ids.push(first_of_second);
+    ids.extend((0..50).map(|_| next_id(&mut second_client).unwrap()));
+    let distinct: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), 101);
+}
+
+#[test]
+fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
+    let _machine = beside_others();
+    let etcd = EtcdCluster::start(&directory("any"), 3, None);
+    let registry = registry(&etcd);
+    let nodes: Vec<Node> = (1..=4)
+        .map(|number| Node::start(&format!("any{number}"), None, &registry, &[]))
+        .collect();
+    let mut taken = vec![];
+    let mut ids = vec![];
+    for node in &nodes {
+        let mut client = node.cluster.connect();
+        assert_eq!(
+            wait_for_lease_state(&mut client, "held", Duration::from_secs(15)),
+            "held"
+        );
+        let worker_id = status(&mut client).1.unwrap();
+        assert_eq!(
+            etcd.get(&format!("/snowid/workers/{worker_id}")),
+            Some(node.holder_name())
+        );
+        let id = next_id(&mut client).unwrap();
+        assert_eq!(worker_of(id), i64::from(worker_id));
+        ids.push(id);
+        taken.push(worker_id);
+    }
+    let mut sorted = taken.clone();
+    sorted.sort();
+    assert_eq!(sorted, [0, 1, 2, 3]);
+    // The node with worker id 1 leaves cleanly; a fifth node takes the lowest free one, 1.
+    let leaving = taken.iter().position(|id| *id == 1).unwrap();
+    nodes[leaving].cluster.stop("fast");
+    let fifth = Node::start("any5", None, &registry, &[]);
+    let mut client = fifth.cluster.connect();
+    assert_eq!(
+        wait_for_lease_state(&mut client, "held", Duration::from_secs(15)),
+        "held"
+    );
+    assert_eq!(status(&mut client).1, Some(1));
+    let id = next_id(&mut client).unwrap();
+    assert!(id > ids[leaving], "above the ids the leaver issued");
+    ids.push(id);
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 5);
+}
+
+#[test]
+fn killing_etcds_leader_while_nodes_issue_refuses_no_call() {
+    let _machine = alone();
+    let mut etcd = EtcdCluster::start(&directory("leader"), 3, None);
+    let registry = registry(&etcd);
+    // etcd takes 1 to 3 s to elect a new leader: a time-to-live of 10 s leaves room for it.
+    let one = node("leader1", Some(1), &registry, 10);
+    let two = node("leader2", Some(2), &registry, 10);
+    let (calls, (killed, renewed)) = calls_during(&[&one, &two], |started| {
+        std::thread::sleep(Duration::from_secs(2));
+        let marks = (mark(&etcd, 1), mark(&etcd, 2));
+        let leader = etcd.leader();
+        etcd.kill(leader);
+        let killed = started.elapsed();
+        // Both nodes renew through the new leader (every 3.3 s), twice.
+        let mut renewals = 0;
+        let mut last = marks;
+        let wait_started = Instant::now();
+        while renewals < 2 {
+            assert!(
+                wait_started.elapsed() < Duration::from_secs(20),
+                "no renewals"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+            // etcdctl too may find no leader for a moment.
+            let (Some(one), Some(two)) = (try_mark(&etcd, 1), try_mark(&etcd, 2)) else {
+                continue;
+            };
+            let now = (one, two);
+            if now.0 > last.0 && now.1 > last.1 {
+                renewals += 1;
+                last = now;
+            }
+        }
+        (killed, started.elapsed())
+    });
+    for (node, calls) in ["leader1", "leader2"].iter().zip(&calls) {
+        let refused: Vec<&String> = calls
+            .iter()
+            .filter_map(|call| call.result.as_ref().err())
+            .collect();
+        assert_eq!(refused.len(), 0, "{node}: {refused:?}");
+        let after_kill = calls.iter().filter(|call| call.at > killed).count();
+        println!(
+            "{node}: {} calls, 0 refused, {after_kill} after etcd's leader was killed at {:.1} s; renewed twice through the new leader by {:.1} s",
+            calls.len(),
+            killed.as_secs_f64(),
+            renewed.as_secs_f64()
+        );
+        assert!(after_kill > 300, "{node}: {after_kill}");
+    }
+    distinct_ids(calls.iter().flatten());
+}
+
+#[test]
+fn with_every_member_frozen_past_the_lease_nodes_issue_until_their_deadline_then_resume() {
+    let _machine = alone();
+    let etcd = EtcdCluster::start(&directory("frozen"), 3, None);
+    let registry = registry(&etcd);
+    // Renewed every 2 s, a lease of 6 s lets the node issue for 5 s after its last claim was sent.
+    let node = node("frozen", Some(3), &registry, 6);
+    let (calls, (frozen, thawed)) = calls_during(&[&node], |started| {
+        std::thread::sleep(Duration::from_secs(1));
+        etcd.signal_all("-STOP");
+        let frozen = started.elapsed();
+        std::thread::sleep(Duration::from_secs(9));
+        etcd.signal_all("-CONT");
+        let thawed = started.elapsed();
+        let mut client = node.cluster.connect();
+        wait_for("issuing again", Duration::from_secs(20), || {
+            next_id(&mut client).is_ok()
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        (frozen, thawed)
+    });
+    let calls = &calls[0];
+    let first_refusal = calls
+        .iter()
+        .find(|call| call.result.is_err())
+        .expect("refused once the lease ran out");
+    let last_before = calls
+        .iter()
+        .rev()
+        .find(|call| call.at < first_refusal.at && call.result.is_ok())
+        .unwrap();
+    let resumed = calls
+        .iter()
+        .find(|call| call.at > thawed && call.result.is_ok())
+        .expect("issuing resumed");
+    println!(
+        "frozen at {:.2} s: issued until {:.2} s, first refused at {:.2} s, thawed at {:.2} s, issuing again at {:.2} s",
+        frozen.as_secs_f64(),
+        last_before.at.as_secs_f64(),
+        first_refusal.at.as_secs_f64(),
+        thawed.as_secs_f64(),
+        resumed.at.as_secs_f64()
+    );
+    // The last claim was sent at most 2 s before the freeze; the deadline is 5 s after it.
+    let since_freeze = first_refusal.at - frozen;
+    assert!(
+        since_freeze >= Duration::from_millis(2_900)
+            && since_freeze <= Duration::from_millis(5_200),
+        "refused {since_freeze:?} after the freeze"
+    );
+    let refusal = first_refusal.result.as_ref().unwrap_err();
+    assert!(
+        refusal.starts_with(
+            "55000: snowid refuses to issue ids: the lease registry has been unreachable since "
+        ) && refusal.contains(", and the lease on worker id 3 has run out: etcd member 127.0.0.1:")
+            && refusal.contains(": no answer in time"),
+        "{refusal}"
+    );
+    assert!(
+        calls
+            .iter()
+            .filter(|call| call.at > first_refusal.at && call.at < thawed)
+            .all(|call| call.result.is_err()),
+        "nothing issued after the deadline while etcd was frozen"
+    );
+    distinct_ids(calls.iter());
+    let issued = |keep: &dyn Fn(Duration) -> bool| -> Vec<i64> {
+        calls
+            .iter()
+            .filter(|call| keep(call.at))
+            .filter_map(|call| call.result.as_ref().ok().copied())
+            .collect()
+    };
+    let before = issued(&|at| at < thawed);
+    let after = issued(&|at| at > thawed);
+    assert!(after.iter().min() > before.iter().max());
+}
+
+/// Waits up to 10 s for a node's last_error to contain `clause`; returns its lease_state and
+/// last_error then.
+fn wait_for_error(node: &Node, clause: &str) -> (String, String) {
+    let mut client = node.cluster.connect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (state, _, _, _, error) = status(&mut client);
+        let error = error.unwrap_or_default();
+        if error.contains(clause) || Instant::now() > deadline {
+            return (state, error);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn tls_with_client_certificates_and_user_authentication() {
+    let _machine = beside_others();
+    let dir = directory("tls");
+    let ca = certificate_authority(&dir, "ca");
+    let other_ca = certificate_authority(&dir, "other-ca");
+    let tls = EtcdTls {
+        ca: ca.clone(),
+        server: certificate(
+            &dir,
+            "ca",
+            "etcd",
+            "/O=snowid test etcd",
+            Some("IP:127.0.0.1"),
+        ),
+        client: certificate(&dir, "ca", "etcdctl", "/O=snowid test etcdctl", None),
+    };
+    let (node_cert, node_key) = certificate(&dir, "ca", "node", "/O=snowid test node", None);
+    let mut etcd = EtcdCluster::start(&dir.join("etcd"), 1, Some(tls));
+    for args in [
+        &["user", "add", "root", "--new-user-password=root secret"][..],
+        &["user", "grant-role", "root", "root"],
+        &["user", "add", "node1", "--new-user-password=node secret 7"],
+        &["role", "add", "snowid"],
+        &[
+            "role",
+            "grant-permission",
+            "snowid",
+            "readwrite",
+            "/snowid/",
+            "--prefix=true",
+        ],
+        &["user", "grant-role", "node1", "snowid"],
+        &["auth", "enable"],
+    ] {
+        etcd.etcdctl(args);
+    }
+    etcd.etcdctl_user = Some("root:root secret".into());
+    let password_file = |name: &str, password: &str| {
+        let path = dir.join(name);
+        fs::write(&path, format!("{password}\n")).unwrap();
+        give_to_postgres(&path, 0o600);
+        path.display().to_string()
+    };
+    let right = password_file("node1.password", "node secret 7");
+    let wrong = password_file("wrong.password", "wrong secret 8");
+    let setting = |prefix: &str, ca: &PathBuf, client_certificate: bool, password: &str| {
+        let mut setting = format!(
+            "etcd://{}/{prefix}?cacert={}&user=node1&password_file={password}",
+            etcd.endpoints(),
+            ca.display()
+        );
+        if client_certificate {
+            setting.push_str(&format!(
+                "&cert={}&key={}",
+                node_cert.display(),
+                node_key.display()
+            ));
+        }
+        setting
+    };
+
+    let good = node("tls", Some(4), &setting("snowid", &ca, true, &right), 30);
+    let mut client = good.cluster.connect();
+    let (_, worker_id, _, shown, _) = status(&mut client);
+    assert_eq!(worker_id, Some(4));
+    assert_eq!(
+        shown,
+        format!(
+            "etcd {}, keys under /snowid/, TLS, user \"node1\"",
+            etcd.endpoints()
+        )
+    );
+    assert_eq!(etcd.get("/snowid/workers/4"), Some(good.holder_name()));
+    assert_eq!(worker_of(next_id(&mut client).unwrap()), 4);
+
+    let failing = [
+        (
+            Node::start("no-cert", Some(5), &setting("snowid", &ca, false, &right), &[]),
+            "SSL routines::sslv3 alert bad certificate",
+        ),
+        (
+            Node::start("other-ca", Some(6), &setting("snowid", &other_ca, true, &right), &[]),
+            "SSL certificate problem: unable to get local issuer certificate",
+        ),
+        (
+            Node::start("wrong-password", Some(7), &setting("snowid", &ca, true, &wrong), &[]),
+            "etcd refused to authenticate user \"node1\": etcdserver: authentication failed, invalid user ID or password",
+        ),
+        (
+            Node::start("other-prefix", Some(8), &setting("other", &ca, true, &right), &[]),
+            "etcd refused /v3/kv/txn: etcdserver: permission denied",
+        ),
+    ];
+    for (node, clause) in &failing {
+        let (state, error) = wait_for_error(node, clause);
+        println!("{}: {error}", node.name);
+        assert!(error.contains(clause), "{}: {error}", node.name);
+        assert_eq!(state, "starting", "{}", node.name);
+        assert!(next_id(&mut node.cluster.connect()).is_err());
+    }
+    // The password shows in no status and no server log.
+    for node in failing.iter().map(|(node, _)| node).chain([&good]) {
+        let (_, _, _, shown, error) = status(&mut node.cluster.connect());
+        for text in [shown, error.unwrap_or_default(), node.cluster.log()] {
+            assert!(!text.contains("node secret"), "{}: {text}", node.name);
+        }
+    }
+    let keys = etcd.etcdctl(&["get", "/", "--prefix", "--keys-only"]);
+    let keys: Vec<&str> = keys.lines().filter(|line| !line.is_empty()).collect();
+    assert_eq!(
+        keys,
+        [
+            "/snowid-test/ready",
+            "/snowid/holders/4",
+            "/snowid/marks/4",
+            "/snowid/workers/4"
+        ]
+    );
+}
+
+#[test]
+fn a_member_that_never_answers_holds_up_neither_claims_nor_the_workers_stop() {
+    let _machine = alone();
+    let etcd = EtcdCluster::start(&directory("silent"), 3, None);
+    // Accepts connections (the kernel completes them) and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let registry = format!(
+        "etcd://127.0.0.1:{},{}/snowid",
+        silent.local_addr().unwrap().port(),
+        etcd.endpoints()
+    );
+    let node = node("silent", Some(6), &registry, 30);
+    let mut client = node.cluster.connect();
+    let mut ids = vec![next_id(&mut client).unwrap()];
+    // Each new lease worker claims at once, asking the silent member first.
+    for _ in 0..2 {
+        let worker = lease_worker_pid(&mut client);
+        let asked = Instant::now();
+        client
+            .execute("SELECT pg_terminate_backend($1)", &[&worker])
+            .unwrap();
+        let mut gone = Duration::ZERO;
+        wait_for(
+            "the terminated lease worker gone",
+            Duration::from_secs(1),
+            || {
+                gone = asked.elapsed();
+                client
+                    .query("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&worker])
+                    .unwrap()
+                    .is_empty()
+            },
+        );
+        println!(
+            "lease worker {worker} ended {} ms after pg_terminate_backend()",
+            gone.as_millis()
+        );
+        ids.push(next_id(&mut client).unwrap());
+        wait_for("a new lease worker", Duration::from_secs(3), || {
+            client
+                .query(
+                    "SELECT 1 FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
+                    &[],
+                )
+                .unwrap()
+                .len()
+                == 1
+        });
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(client);
+    // A fast shutdown while the worker waits on the silent member: the release still gets through
+    // to the next member, within its second.
+    let stopping = Instant::now();
+    node.cluster.stop("fast");
+    let stopped = stopping.elapsed();
+    println!("fast shutdown took {} ms", stopped.as_millis());
+    assert!(stopped < Duration::from_millis(1_500), "{stopped:?}");
+    assert_eq!(
+        etcd.get("/snowid/workers/6"),
+        None,
+        "{}",
+        node.cluster.log()
+    );
+    assert!(mark(&etcd, 6) > millis_of(*ids.iter().max().unwrap()));
+    assert!(!node.cluster.log().contains("could not release"));
+}
+
+#[test]
+fn a_promoted_standby_takes_the_worker_id_over_from_its_fenced_primary_at_once() {
+    let _machine = beside_others();
+    let etcd = EtcdCluster::start(&directory("fenced"), 3, None);
+    let registry = registry(&etcd);
+    let primary = node("fenced", Some(9), &registry, 30);
+    let mut client = primary.cluster.connect();
+    let mut ids: Vec<i64> = (0..20).map(|_| next_id(&mut client).unwrap()).collect();
+    let standby = primary.cluster.standby_of("fenced-standby");
+    drop(client);
+    // The primary dies: its etcd lease runs for up to 30 s more.
+    primary.cluster.stop("immediate");
+    standby.promote();
+    let mut client = standby.connect();
+    let answer: String = client
+        .query_one("SELECT snowid_take_over_fenced()", &[])
+        .unwrap()
+        .get(0);
+    let expected = format!(
+        "worker id 9 taken over from {}; ids start at ",
+        primary.holder_name()
+    );
+    assert!(answer.starts_with(&expected), "{answer}");
+    assert_eq!(
+        wait_for_lease_state(&mut client, "held", Duration::from_secs(1)),
+        "held"
+    );
+    let standby_name = format!(
+        "fenced@{}:{}",
+        snowid_cluster_tests::host_name(),
+        standby.port
+    );
+    assert_eq!(etcd.get("/snowid/workers/9"), Some(standby_name));
+    // Ids start a second (snowid.max_clock_skew) after the fence.
+    let started = Instant::now();
+    let first = loop {
+        match next_id(&mut client) {
+            Ok(id) => break id,
+            Err(refusal) => {
+                assert!(started.elapsed() < Duration::from_secs(3), "{refusal}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    assert!(first > *ids.iter().max().unwrap());
+    ids.push(first);
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 21);
+    let holding = etcd.get("/snowid/holders/9").unwrap();
+    assert!(holding.contains("\"timeline\":2"), "{holding}");
+}
