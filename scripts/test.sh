@@ -16,7 +16,7 @@ test_package() {
     deb=$(scripts/package.sh "$major" | tail -n 1)
     contents=$(dpkg-deb -c "$deb")
     for file in "lib/postgresql/$major/lib/snowid.so" "postgresql/$major/extension/snowid.control" \
-        "postgresql/$major/extension/snowid--0.1.0.sql" "postgresql/$major/extension/snowid--0.4.0--0.5.0.sql" \
+        "postgresql/$major/extension/snowid--0.1.0.sql" "postgresql/$major/extension/snowid--0.5.0--0.6.0.sql" \
         "lib/postgresql/$major/bin/snowid-on-role-change" \
         "postgresql/$major/contrib/snowid/prometheus/queries.yaml" \
         "postgresql/$major/contrib/snowid/prometheus/snowid-alerts.yml"; do

@@ -35,7 +35,7 @@ SELECT 'tables pg_dump keeps: ' || extconfig::regclass[]::text FROM pg_extension
  ORDER BY 1";
 
 /// The version `CREATE EXTENSION snowid` installs.
-const CURRENT: &str = "0.5.0";
+const CURRENT: &str = "0.6.0";
 
 /// How many objects a fresh install of the current version has; PostgreSQL 18 also records the
 /// lease table's row type and its array type as members.
@@ -117,6 +117,13 @@ fn updating_from_0_4_0_equals_a_fresh_install_and_keeps_the_data() {
         .unwrap()
         .get(0);
     assert_eq!(waits, 0);
+}
+
+#[test]
+fn updating_from_0_5_0_equals_a_fresh_install_and_keeps_the_data() {
+    let (cluster, mut old) = installed("upgrade-0.5.0", "0.5.0");
+    assert_eq!(cluster.wait_for_lease(&mut old), "held");
+    update_and_compare_with_fresh(&cluster, &mut old, "0.5.0");
 }
 
 /// A server leasing worker id 21 from its database `upgraded`, where snowid `version` is installed

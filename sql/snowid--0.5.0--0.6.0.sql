@@ -1,0 +1,2 @@
+-- snowid 0.5.0 -> 0.6.0: no SQL object changes. The library adds the etcd registry
+-- (snowid.registry = 'etcd://HOST:PORT[,...]/PREFIX'), which keeps its leases in etcd's keys.
