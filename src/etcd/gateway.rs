@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 /// How long one member may take to answer one request, connecting included, at most.
 pub const MEMBER_LIMIT: Duration = Duration::from_secs(2);
 
+/// The largest answer read: the keys of all 1024 worker ids take a few hundred KiB.
+const MAX_ANSWER: usize = 4 << 20;
+
 /// How often a request in flight looks at `stop`.
 const STOP_CHECK_EVERY: Duration = Duration::from_millis(20);
 
@@ -195,7 +198,15 @@ impl Gateway {
             Ok(easy) => easy,
             Err(error) => return Ok(failed(error)),
         };
-        let (easy, result) = transfer(easy, deadline, stop)?;
+        let (easy, result) = match transfer(easy, deadline, stop) {
+            // This member's share of the budget is over, whichever timer saw it first.
+            Err(Failure::TimedOut) => {
+                return Ok(Outcome::NextMember(format!(
+                    "etcd member {name}: no answer in time"
+                )))
+            }
+            other => other?,
+        };
         if let Err(error) = result {
             return Ok(if error.is_operation_timedout() {
                 Outcome::NextMember(format!("etcd member {name}: no answer in time"))
@@ -334,7 +345,10 @@ struct Answer {
 
 impl Handler for Answer {
     fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
-        // etcd's answers are small; a member that streams without end is cut off by the deadline.
+        // Taking less than was given ends the transfer.
+        if self.body.len() + data.len() > MAX_ANSWER {
+            return Ok(0);
+        }
         self.body.extend_from_slice(data);
         Ok(data.len())
     }
@@ -368,6 +382,14 @@ pub fn http_date_unix_ms(text: &str) -> Option<i64> {
     let [hour, minute, second] = clock[..] else {
         return None;
     };
+    let in_range = (1..=31).contains(&day)
+        && (1970..=9999).contains(&year)
+        && (0..24).contains(&hour)
+        && (0..60).contains(&minute)
+        && (0..=60).contains(&second);
+    if !in_range {
+        return None;
+    }
     // Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
@@ -401,6 +423,11 @@ mod tests {
         assert_eq!(http_date_unix_ms("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
         assert_eq!(http_date_unix_ms("Tue, 01 Dec 2026 12:54:13 CET"), None);
         assert_eq!(http_date_unix_ms("yesterday"), None);
+        assert_eq!(
+            http_date_unix_ms("Tue, 01 Dec 99999999999 12:54:13 GMT"),
+            None
+        );
+        assert_eq!(http_date_unix_ms("Tue, 41 Dec 2026 12:54:13 GMT"), None);
     }
 
     #[test]

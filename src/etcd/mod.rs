@@ -61,6 +61,9 @@ pub struct Holder {
     pub timeline: u64,
     /// The holder's clock at its last claim, in milliseconds since the snowid epoch.
     pub clock_ms: u64,
+    /// etcd's clock (a member's `Date`, in whole seconds) when the holder last read its keys, in
+    /// milliseconds since the snowid epoch.
+    pub registry_ms: i64,
 }
 
 impl Holder {
@@ -73,6 +76,7 @@ impl Holder {
             "acquired_mark_ms": self.acquired_mark_ms,
             "timeline": self.timeline,
             "clock_ms": self.clock_ms,
+            "registry_ms": self.registry_ms,
         })
         .to_string()
     }
@@ -87,6 +91,7 @@ impl Holder {
             acquired_mark_ms: value["acquired_mark_ms"].as_u64()?,
             timeline: value["timeline"].as_u64()?,
             clock_ms: value["clock_ms"].as_u64()?,
+            registry_ms: value["registry_ms"].as_i64()?,
         })
     }
 }
@@ -106,7 +111,8 @@ pub struct Snapshot {
     pub worker: Slot,
     pub holding: Slot,
     pub mark: Slot,
-    pub registry_unix_ms: Option<i64>,
+    /// etcd's clock when the keys were read (a member's `Date`, whole seconds), in Unix ms.
+    pub registry_unix_ms: i64,
 }
 
 impl Snapshot {
@@ -172,7 +178,14 @@ pub fn plan(snapshot: &Snapshot, request: &Request, worker_id: u16) -> Result<Pl
             let holder = holder.ok_or_else(|| {
                 format!("worker id {worker_id} is held by {name}, whose record in the etcd key holders/{worker_id} snowid cannot read")
             })?;
-            let floor_ms = take_over_floor(&holder, mark_ms, request, fence, worker_id)?;
+            let floor_ms = take_over_floor(
+                &holder,
+                mark_ms,
+                snapshot.registry_unix_ms,
+                request,
+                fence,
+                worker_id,
+            )?;
             Ok(Plan::Take {
                 floor_ms,
                 acquired_mark_ms: floor_ms,
@@ -190,10 +203,11 @@ pub fn plan(snapshot: &Snapshot, request: &Request, worker_id: u16) -> Result<Pl
 /// Where a takeover from a fenced primary starts, with the checks of the PostgreSQL registry's
 /// `snowid.lease_take_over`: a holder of this server's own cluster (system identifier and
 /// cluster_name), on an earlier timeline, whose clock was never seen more than the fence's skew
-/// ahead of this server's.
+/// ahead of this server's (through etcd's clock, more than that and a second).
 fn take_over_floor(
     holder: &Holder,
     mark_ms: u64,
+    registry_unix_ms: i64,
     request: &Request,
     fence: Fence,
     worker_id: u16,
@@ -218,20 +232,36 @@ fn take_over_floor(
     // How far the holder's clock was ahead of this server's: at its last claim, and in the highest
     // reservation it made since it took the key (its clock then, plus a time-to-live).
     let fence_ms = fence.fenced_at_ms as i64;
+    let skew_ms = fence.max_skew_ms as i64;
     let mut ahead_ms = holder.clock_ms as i64 - fence_ms;
     if mark_ms > holder.acquired_mark_ms {
         ahead_ms = ahead_ms.max(mark_ms as i64 - request.ttl.as_millis() as i64 - fence_ms);
     }
-    if ahead_ms > fence.max_skew_ms as i64 {
+    if ahead_ms > skew_ms {
         return Err(format!(
-            "the clock of {}, which holds worker id {worker_id}, read {ahead_ms} ms ahead of this server's, more than snowid.max_clock_skew ({} ms) allows: it may have issued ids above where this server would start",
-            holder.name, fence.max_skew_ms
+            "the clock of {}, which holds worker id {worker_id}, read {ahead_ms} ms ahead of this server's, more than snowid.max_clock_skew ({skew_ms} ms) allows: it may have issued ids above where this server would start",
+            holder.name
         ));
     }
-    Ok(holder
-        .acquired_mark_ms
-        .max(fence.fenced_at_ms + fence.max_skew_ms))
+    // The same, each clock against etcd's at its own reading, which also counts the time since the
+    // holder's last claim. etcd's clock comes in whole seconds, so this bound is a second above the
+    // measure: ids start above it, and a takeover is refused once it passes the skew by more.
+    let registry_now_ms = registry_unix_ms - EPOCH_UNIX_MS;
+    let through_etcd_ms = (holder.clock_ms as i64 - holder.registry_ms)
+        - (fence_ms - registry_now_ms)
+        + DATE_RESOLUTION_MS;
+    if through_etcd_ms > skew_ms + DATE_RESOLUTION_MS {
+        return Err(format!(
+            "the clock of {}, which holds worker id {worker_id}, read up to {through_etcd_ms} ms ahead of this server's, measured through etcd's clock to the second, more than snowid.max_clock_skew ({skew_ms} ms) and that second allow: it may have issued ids above where this server would start",
+            holder.name
+        ));
+    }
+    let start_ms = fence_ms + skew_ms.max(through_etcd_ms);
+    Ok(holder.acquired_mark_ms.max(start_ms.max(0) as u64))
 }
+
+/// How finely etcd's clock is read: the HTTP `Date` counts whole seconds.
+const DATE_RESOLUTION_MS: i64 = 1000;
 
 /// A claim that was granted.
 struct Granted {
@@ -344,9 +374,7 @@ impl Etcd {
         let snapshot = self.read(worker_id, budget, stop)?;
         let plan = plan(&snapshot, request, worker_id).map_err(Failure::Error)?;
         let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
-        let registry_ms = snapshot
-            .registry_unix_ms
-            .unwrap_or(request.now_unix_us / 1000);
+        let registry_ms = snapshot.registry_unix_ms;
         let cap_ms = (registry_ms - EPOCH_UNIX_MS).max(0) as u64
             + request.ttl.as_millis() as u64
             + RESERVATION_SLACK_MS
@@ -368,7 +396,9 @@ impl Etcd {
                     worker_id: Some(i32::from(worker_id)),
                     granted: Some(false),
                     holder_name: Some(holder_name),
-                    expires_at_unix_ms: Some(registry_ms + left_s * 1000),
+                    expires_at_unix_ms: Some(
+                        registry_ms.saturating_add(left_s.saturating_mul(1000)),
+                    ),
                     released: Some(false),
                     ..ClaimRow::default()
                 }));
@@ -384,6 +414,7 @@ impl Etcd {
                 let holder = Holder {
                     timeline: request.timeline,
                     clock_ms,
+                    registry_ms: registry_ms - EPOCH_UNIX_MS,
                     ..holder
                 };
                 if ttl_s <= 0 {
@@ -440,6 +471,7 @@ impl Etcd {
                     acquired_mark_ms,
                     timeline: request.timeline,
                     clock_ms,
+                    registry_ms: registry_ms - EPOCH_UNIX_MS,
                 };
                 self.take(
                     worker_id,
@@ -466,7 +498,9 @@ impl Etcd {
             floor_ms: Some(granted.floor_ms as i64),
             reserved_until_ms: Some(new_mark_ms as i64),
             holder_name: Some(granted.holder.name),
-            expires_at_unix_ms: Some(registry_ms + granted.ttl_s * 1000),
+            expires_at_unix_ms: Some(
+                registry_ms.saturating_add(granted.ttl_s.saturating_mul(1000)),
+            ),
             continued: Some(granted.continued),
             renewal: Some(granted.renewal),
             released: Some(false),
@@ -505,6 +539,12 @@ impl Etcd {
             put(&self.key("marks", worker_id), &new_mark_ms.to_string(), 0),
         ];
         if self.commit(worker_id, snapshot, ops, budget, stop)? {
+            return Ok(Some((granted_s, holder)));
+        }
+        // The keys changed, perhaps by this very transaction, applied by a member whose answer was
+        // lost and sent again to the next.
+        let now = self.read(worker_id, budget, stop)?;
+        if now.worker.lease == lease && now.holder().as_ref() == Some(&holder) {
             return Ok(Some((granted_s, holder)));
         }
         // Lost the race: the new etcd lease holds nothing, and would run out by itself.
@@ -568,17 +608,21 @@ impl Etcd {
             .map(|kind| json!({"request_range": {"key": encode(&self.key(kind, worker_id))}}))
             .collect();
         let reply = self.call("/v3/kv/txn", json!({"success": ranges}), budget, stop)?;
-        let slot = |index: usize| {
+        let slot = |index: usize| -> Result<Slot, Failure> {
             reply.body["responses"][index]["response_range"]["kvs"]
                 .get(0)
-                .map(slot_of)
-                .unwrap_or_default()
+                .map_or(Ok(Slot::default()), slot_of)
         };
         Ok(Snapshot {
-            worker: slot(0),
-            holding: slot(1),
-            mark: slot(2),
-            registry_unix_ms: reply.date_unix_ms,
+            worker: slot(0)?,
+            holding: slot(1)?,
+            mark: slot(2)?,
+            registry_unix_ms: reply.date_unix_ms.ok_or_else(|| {
+                Failure::Error(
+                    "etcd answered with no Date header, which snowid reads etcd's clock from"
+                        .into(),
+                )
+            })?,
         })
     }
 
@@ -598,17 +642,20 @@ impl Etcd {
             budget,
             stop,
         )?;
-        Ok(reply.body["kvs"]
+        reply.body["kvs"]
             .as_array()
             .map(Vec::as_slice)
             .unwrap_or_default()
             .iter()
             .filter_map(|kv| {
                 let key = decode(kv["key"].as_str()?)?;
-                let worker_id: u16 = key.strip_prefix(&start)?.parse().ok()?;
-                (worker_id < WORKER_IDS).then(|| (worker_id, slot_of(kv)))
+                let number = key.strip_prefix(&start)?;
+                // Only the keys snowid writes: PREFIX/KIND/5, never PREFIX/KIND/05.
+                let worker_id: u16 = number.parse().ok()?;
+                (worker_id < WORKER_IDS && worker_id.to_string() == number)
+                    .then(|| slot_of(kv).map(|slot| (worker_id, slot)))
             })
-            .collect())
+            .collect()
     }
 
     /// Applies `ops` if `worker_id`'s keys are as `snapshot` read them; false if they changed.
@@ -667,12 +714,21 @@ fn delete(key: &str) -> Value {
     json!({"request_delete_range": {"key": encode(key)}})
 }
 
-fn slot_of(kv: &Value) -> Slot {
-    Slot {
-        value: kv["value"].as_str().map_or(Some(String::new()), decode),
+/// A key as read; a value that is not text (written by hand) is an error, never an absent key.
+fn slot_of(kv: &Value) -> Result<Slot, Failure> {
+    let value = match kv["value"].as_str() {
+        // etcd leaves an empty value out.
+        None => String::new(),
+        Some(encoded) => decode(encoded).ok_or_else(|| {
+            let key = kv["key"].as_str().and_then(decode).unwrap_or_default();
+            Failure::Error(format!("the etcd key {key} holds a value that is not text"))
+        })?,
+    };
+    Ok(Slot {
+        value: Some(value),
         lease: int(&kv["lease"]),
         mod_revision: int(&kv["mod_revision"]),
-    }
+    })
 }
 
 /// An int64 of etcd's JSON, which writes them as strings; 0 when absent (etcd leaves zeros out).
@@ -712,6 +768,7 @@ mod tests {
             acquired_mark_ms: 40_000,
             timeline,
             clock_ms: 99_000,
+            registry_ms: 99_000,
         }
     }
 
@@ -732,7 +789,7 @@ mod tests {
                 lease: 0,
                 mod_revision: 11,
             },
-            registry_unix_ms: None,
+            registry_unix_ms: EPOCH_UNIX_MS + 100_000,
         }
     }
 
@@ -850,6 +907,35 @@ mod tests {
         assert_eq!(
             refused(&primary, 133_000),
             "the clock of pg@node1:5432, which holds worker id 5, read 3000 ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"
+        );
+        // Its clock read 5 s ahead of etcd's at its last claim, 6 s before the fence: its last
+        // reading of its own clock and the reservation hide that.
+        let fast = Holder {
+            registry_ms: 94_000,
+            ..primary.clone()
+        };
+        assert_eq!(
+            refused(&fast, 129_000),
+            "the clock of pg@node1:5432, which holds worker id 5, read up to 6000 ms ahead of this server's, measured through etcd's clock to the second, more than snowid.max_clock_skew (1000 ms) and that second allow: it may have issued ids above where this server would start"
+        );
+        // Up to 1.7 s ahead through etcd's clock: within the skew and the second, and ids start
+        // that far past the fence.
+        let slightly = Holder {
+            registry_ms: 98_300,
+            ..primary.clone()
+        };
+        assert_eq!(
+            plan(
+                &snapshot(Some(&slightly), 129_000),
+                &request(Some(fence)),
+                5
+            ),
+            Ok(Plan::Take {
+                floor_ms: 101_700,
+                acquired_mark_ms: 101_700,
+                continued: false,
+                taken_from: Some("pg@node1:5432".into())
+            })
         );
         // A free key is simply claimed.
         assert_eq!(

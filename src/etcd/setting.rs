@@ -46,6 +46,10 @@ impl Setting {
             .ok_or_else(|| format!("an etcd registry starts with {SCHEME}"))?;
         let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (hosts, path) = location.split_once('/').unwrap_or((location, ""));
+        // etcd://user:password@host, as other clients write it: never echoed, it may hold a secret.
+        if hosts.contains('@') {
+            return Err("etcd members are named HOST:PORT, with no user or password: name the user with the user option and the password's file with password_file".into());
+        }
         let members = hosts
             .split(',')
             .map(member)
@@ -128,7 +132,7 @@ fn member(text: &str) -> Result<String, String> {
             .filter(|port| *port > 0)
             .ok_or_else(|| format!("member \"{text}\" has no valid port"))?,
     };
-    if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '@') {
+    if host.is_empty() || host.contains(char::is_whitespace) {
         return Err(format!("member \"{text}\" has no valid host"));
     }
     Ok(format!("{host}:{port}"))
@@ -274,6 +278,10 @@ mod tests {
         assert_eq!(
             error("etcd://a/x//y"),
             "the key prefix \"x//y\" has an empty part"
+        );
+        assert_eq!(
+            error("etcd://node1:secret@a:2379/x"),
+            "etcd members are named HOST:PORT, with no user or password: name the user with the user option and the password's file with password_file"
         );
         assert_eq!(
             error("etcd://a/x?password=secret"),
