@@ -260,6 +260,15 @@ fn take_over_floor(
     Ok(holder.acquired_mark_ms.max(start_ms.max(0) as u64))
 }
 
+/// The mark after a claim that reserves up to `reserve_until_ms`: never lower than `mark_ms`, and
+/// at most the lease's length and an hour past etcd's clock (`registry_unix_ms`, whole seconds).
+fn new_mark(mark_ms: u64, reserve_until_ms: u64, registry_unix_ms: i64, ttl: Duration) -> u64 {
+    let registry_ms = (registry_unix_ms - EPOCH_UNIX_MS).max(0) as u64;
+    let cap_ms =
+        registry_ms + DATE_RESOLUTION_MS as u64 + ttl.as_millis() as u64 + RESERVATION_SLACK_MS;
+    mark_ms.max(reserve_until_ms.min(cap_ms))
+}
+
 /// How finely etcd's clock is read: the HTTP `Date` counts whole seconds.
 const DATE_RESOLUTION_MS: i64 = 1000;
 
@@ -375,11 +384,7 @@ impl Etcd {
         let plan = plan(&snapshot, request, worker_id).map_err(Failure::Error)?;
         let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
         let registry_ms = snapshot.registry_unix_ms;
-        let cap_ms = (registry_ms - EPOCH_UNIX_MS).max(0) as u64
-            + request.ttl.as_millis() as u64
-            + RESERVATION_SLACK_MS
-            + 1000;
-        let new_mark_ms = mark_ms.max(request.reserve_until_ms.min(cap_ms));
+        let new_mark_ms = new_mark(mark_ms, request.reserve_until_ms, registry_ms, request.ttl);
         let clock_ms = request
             .reserve_until_ms
             .saturating_sub(request.ttl.as_millis() as u64);
@@ -791,6 +796,17 @@ mod tests {
             },
             registry_unix_ms: EPOCH_UNIX_MS + 100_000,
         }
+    }
+
+    #[test]
+    fn a_claim_reserves_at_most_an_hour_and_a_lease_past_etcds_clock_and_never_lowers_the_mark() {
+        let registry = EPOCH_UNIX_MS + 100_000;
+        // etcd's second, the lease and the hour.
+        let cap = 100_000 + 1_000 + 30_000 + 3_600_000;
+        assert_eq!(new_mark(0, 130_500, registry, TTL), 130_500);
+        assert_eq!(new_mark(0, 7_300_000, registry, TTL), cap);
+        assert_eq!(new_mark(200_000, 130_500, registry, TTL), 200_000);
+        assert_eq!(new_mark(9_000_000, 7_300_000, registry, TTL), 9_000_000);
     }
 
     #[test]
