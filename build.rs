@@ -30,7 +30,7 @@ fn pg_config() -> Option<PathBuf> {
     if let Ok(path) = std::env::var("PGRX_PG_CONFIG_PATH") {
         return Some(path.into());
     }
-    let major = ["pg15", "pg18"].into_iter().find(|major| {
+    let major = ["pg15", "pg17", "pg18"].into_iter().find(|major| {
         std::env::var_os(format!("CARGO_FEATURE_{}", major.to_uppercase())).is_some()
     })?;
     let home = std::env::var_os("PGRX_HOME")

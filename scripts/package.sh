@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/package.sh MAJOR: writes dist/postgresql-MAJOR-snowid_VERSION_amd64.deb, a Debian package
-# of snowid for PostgreSQL MAJOR (15 or 18) as Debian's own postgresql-MAJOR lays it out. Its files
+# of snowid for PostgreSQL MAJOR (15, 17 or 18) as Debian's own postgresql-MAJOR lays it out. Its files
 # are what `cargo pgrx package` builds, and every install and upgrade script in sql/. Prints the
 # package's path last.
 major=${1:?usage: scripts/package.sh MAJOR}

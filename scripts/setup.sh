@@ -1,17 +1,17 @@
 # Sourced by the other scripts: installs what building and testing snowid needs, when missing.
 # Idempotent and quick on re-run. Runs as root, or as a user who may sudo.
-# PG_MAJOR picks the PostgreSQL major: 15 (the default, Debian's) or 18 (built once from Debian's
-# source package, see postgresql-18.sh); PG_CONFIG follows from it.
+# PG_MAJOR picks the PostgreSQL major: 15 (the default, Debian's), 17 or 18 (built once from
+# Debian's source packages, see postgresql-source.sh); PG_CONFIG follows from it.
 set -euo pipefail
 
 PGRX_VERSION=0.18.0
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MAJORS=(15 18)
+MAJORS=(15 17 18)
 
 is_root() { [ "$(id -u)" = 0 ]; }
 as_root() { if is_root; then "$@"; else sudo "$@"; fi; }
 
-source "$REPO/scripts/postgresql-18.sh"
+source "$REPO/scripts/postgresql-source.sh"
 
 PG_MAJOR=${PG_MAJOR:-15}
 case " ${MAJORS[*]} " in
@@ -20,14 +20,14 @@ case " ${MAJORS[*]} " in
 esac
 
 pg_config_of() {
-    if [ "$1" = 18 ]; then echo "$PG18_PREFIX/bin/pg_config"; else echo "/usr/lib/postgresql/$1/bin/pg_config"; fi
+    if [ "$1" = 15 ]; then echo "/usr/lib/postgresql/15/bin/pg_config"; else echo "$(source_prefix_of "$1")/bin/pg_config"; fi
 }
 
-# make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 18; libcurl4-openssl-dev
+# curl, make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 17 and 18; libcurl4-openssl-dev
 # links snowid to libcurl for the etcd registry; postgresql-15-partman is for the partitioning
 # tests; Patroni and etcd for the failover and etcd registry tests; postgres_exporter and
 # Prometheus (for promtool) for the monitoring tests.
-packages=(postgresql-15 postgresql-server-dev-15 libpq-dev libcurl4-openssl-dev openssl clang libclang-dev pkg-config libssl-dev
+packages=(postgresql-15 postgresql-server-dev-15 libpq-dev libcurl4-openssl-dev curl openssl clang libclang-dev pkg-config libssl-dev
     faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev postgresql-15-partman
     patroni etcd-server etcd-client prometheus-postgres-exporter prometheus)
 # The client examples (clients/) run under Node.js with npm and Python with venv; Debian's serve
@@ -59,7 +59,7 @@ export PGRX_HOME=${SNOWID_PGRX_HOME:-$REPO/target/pgrx}
 
 # use_major MAJOR: PostgreSQL MAJOR ready (built, for 18) and known to pgrx; PG_CONFIG names it.
 use_major() {
-    if [ "$1" = 18 ]; then build_postgresql_18; fi
+    if [ "$1" != 15 ]; then build_postgresql "$1"; fi
     PG_CONFIG=$(pg_config_of "$1")
     local major path args=() wanted=()
     for major in "${MAJORS[@]}"; do

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every snowid test: unit and property tests, #[pg_test]s in a preloaded server, then the
 # cluster tests (settings, concurrency, clock steps, copies, the fleet and etcd registries, SQL regression
-# files, README examples) on PostgreSQL 15 and 18, and the Debian package on 15. PG_MAJOR=15 or
-# PG_MAJOR=18 tests that major alone.
+# files, README examples) on PostgreSQL 15, 17 and 18, and the Debian packages (installed on 15).
+# PG_MAJOR=15, 17 or 18 tests that major alone.
 requested=${PG_MAJOR:-}
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$REPO"
