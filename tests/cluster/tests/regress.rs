@@ -96,10 +96,10 @@ fn every_psql_example_in_the_readme_is_in_an_expected_output() {
 }
 
 #[test]
-fn the_readme_shows_the_committed_benchmark_results_of_both_majors() {
+fn the_readme_shows_the_committed_benchmark_results_of_every_major() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let readme = fs::read_to_string(root.join("README.md")).unwrap();
-    for major in ["pg15", "pg18"] {
+    for major in ["pg15", "pg17", "pg18"] {
         let dir = format!("benches/results/{major}");
         let results = fs::read_to_string(root.join(&dir).join("results.md")).unwrap();
         assert!(
