@@ -437,7 +437,8 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         shown
     };
     assert!(setting(&mut client, "watcher").unwrap().contains(SECRET));
-    let denied = if server_version_num(&mut client) >= 180000 {
+    // PostgreSQL 16 reworded the refusal.
+    let denied = if server_version_num(&mut client) >= 160000 {
         "42501: permission denied to examine \"snowid.registry\""
     } else {
         "42501: must be superuser or have privileges of pg_read_all_settings to examine \"snowid.registry\""

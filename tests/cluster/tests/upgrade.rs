@@ -37,10 +37,10 @@ SELECT 'tables pg_dump keeps: ' || extconfig::regclass[]::text FROM pg_extension
 /// The version `CREATE EXTENSION snowid` installs.
 const CURRENT: &str = "0.6.0";
 
-/// How many objects a fresh install of the current version has; PostgreSQL 18 also records the
-/// lease table's row type and its array type as members.
+/// How many objects a fresh install of the current version has; PostgreSQL 17 and later also record
+/// the lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
-    if server_version_num(client) >= 180000 {
+    if server_version_num(client) >= 170000 {
         25
     } else {
         23
