@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # snowid beside PostgreSQL's alternatives, on three throwaway servers (worker ids 17, 18 and 19),
 # release build. Writes benches/results/pgMAJOR/results.md and chart.png and prints the
-# table. Arguments go to bench.py: --rows N (default 5,000,000), --runs N (default 3). PG_MAJOR=18
-# measures PostgreSQL 18, with its native uuidv7() beside the others.
+# table. Arguments go to bench.py: --rows N (default 5,000,000), --runs N (default 3). PG_MAJOR=17
+# measures PostgreSQL 17; PG_MAJOR=18 measures 18, with its native uuidv7() beside the others.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
 if ! python3 -c 'import matplotlib' 2>/dev/null; then
     echo "==> installing matplotlib for the chart" >&2

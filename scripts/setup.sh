@@ -14,10 +14,10 @@ as_root() { if is_root; then "$@"; else sudo "$@"; fi; }
 source "$REPO/scripts/postgresql-source.sh"
 
 PG_MAJOR=${PG_MAJOR:-15}
-case " ${MAJORS[*]} " in
-*" $PG_MAJOR "*) ;;
-*) echo "PG_MAJOR must be one of: ${MAJORS[*]}" >&2; exit 1 ;;
-esac
+if [[ ! $PG_MAJOR =~ ^[0-9]+$ || " ${MAJORS[*]} " != *" $PG_MAJOR "* ]]; then
+    echo "PG_MAJOR must be one of: ${MAJORS[*]}" >&2
+    exit 1
+fi
 
 pg_config_of() {
     if [ "$1" = 15 ]; then echo "/usr/lib/postgresql/15/bin/pg_config"; else echo "$(source_prefix_of "$1")/bin/pg_config"; fi
@@ -57,14 +57,24 @@ fi
 # The scripts keep a pgrx configuration of their own, naming exactly the majors present here.
 export PGRX_HOME=${SNOWID_PGRX_HOME:-$REPO/target/pgrx}
 
-# use_major MAJOR: PostgreSQL MAJOR ready (built, for 18) and known to pgrx; PG_CONFIG names it.
+# major_ready MAJOR: Debian's PostgreSQL 15 is installed, or the pinned build of MAJOR is.
+major_ready() {
+    if [ "$1" = 15 ]; then
+        [ -x "$(pg_config_of 15)" ]
+    else
+        [ "$(cat "$(source_marker "$1")" 2>/dev/null)" = "$(source_of "$1")" ]
+    fi
+}
+
+# use_major MAJOR: PostgreSQL MAJOR ready (built, for 17 and 18) and known to pgrx; PG_CONFIG
+# names it.
 use_major() {
     if [ "$1" != 15 ]; then build_postgresql "$1"; fi
     PG_CONFIG=$(pg_config_of "$1")
     local major path args=() wanted=()
     for major in "${MAJORS[@]}"; do
+        major_ready "$major" || continue
         path=$(pg_config_of "$major")
-        [ -x "$path" ] || continue
         args+=("--pg$major" "$path")
         wanted+=("pg$major = \"$path\"")
     done
