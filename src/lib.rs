@@ -2,8 +2,8 @@
 //!
 //! `layout`, `base32`, `generator`, `refusals`, `lease`, `ceiling`, `conninfo` and `etcd` (the etcd
 //! registry, through libcurl's safe bindings) hold the logic in plain Rust; `shmem` (shared memory
-//! and the server's own functions) and `pq` (libpq) are the only modules with raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are
-//! thin pgrx glue.
+//! and the server's own functions) and `pq` (libpq) are the only modules with raw FFI; `gucs`,
+//! `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are thin pgrx glue.
 
 mod api;
 mod base32;
