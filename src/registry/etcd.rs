@@ -6,7 +6,7 @@ use crate::claimant::Claimant;
 use crate::etcd::gateway::Failure;
 use crate::etcd::setting::Setting;
 use crate::etcd::{Etcd, Request};
-use crate::lease::{Claim, Fence, Text, Timing};
+use crate::lease::{ClaimRow, Fence, Text, Timing};
 use crate::shmem;
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
 use pgrx::bgworkers::BackgroundWorker;
@@ -46,7 +46,7 @@ impl EtcdRegistry {
         timing: Timing,
         reserve_until_ms: u64,
         fence: Option<Fence>,
-    ) -> Result<(Option<u16>, Claim, Option<String>), String> {
+    ) -> Result<ClaimRow, String> {
         let request = Request {
             holder: &me.holder,
             incarnation: &me.incarnation,
@@ -63,13 +63,9 @@ impl EtcdRegistry {
         // at the next member, so that the status says the registry is unreachable well before
         // the lease's deadline.
         let budget = Instant::now() + timing.renew_every();
-        let row = self
-            .etcd
+        self.etcd
             .claim(worker_id, &request, budget, &mut stop)
-            .map_err(text)?;
-        let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
-        let taken_from = row.taken_from.clone();
-        Ok((worker_id, row.claim(), taken_from))
+            .map_err(text)
     }
 
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever

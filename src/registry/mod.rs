@@ -48,7 +48,9 @@ impl Registry {
         fence: Option<Fence>,
     ) -> Result<(Option<u16>, Claim, Option<String>), String> {
         if let Registry::Etcd(etcd) = self {
-            return etcd.claim(me, worker_id, timing, reserve_until_ms, fence);
+            return etcd
+                .claim(me, worker_id, timing, reserve_until_ms, fence)
+                .map(answer_of);
         }
         let mut params = vec![];
         let sql = match (worker_id, fence) {
@@ -85,9 +87,7 @@ impl Registry {
             Registry::Remote(remote) => remote.claim(sql, &params)?,
             Registry::Etcd(_) => unreachable!("answered above"),
         };
-        let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
-        let taken_from = row.taken_from.clone();
-        Ok((worker_id, row.claim(), taken_from))
+        Ok(answer_of(row))
     }
 
     /// Releases `worker_id`'s lease, lowering its mark to `high_water_ms`.
@@ -113,6 +113,13 @@ impl Registry {
             Registry::Etcd(_) => unreachable!("answered above"),
         }
     }
+}
+
+/// A registry's row as the worker acts on it: the worker id, the claim, the holder taken over from.
+fn answer_of(row: ClaimRow) -> (Option<u16>, Claim, Option<String>) {
+    let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
+    let taken_from = row.taken_from.clone();
+    (worker_id, row.claim(), taken_from)
 }
 
 /// How `snowid_status()` names the registry: never with the connection string, which may hold a
