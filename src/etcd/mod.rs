@@ -388,7 +388,9 @@ impl Etcd {
         let clock_ms = request
             .reserve_until_ms
             .saturating_sub(request.ttl.as_millis() as u64);
-        let granted = match plan {
+        // What a take writes, and what the grant then says: from the plan, or from a renewal
+        // whose etcd lease ran out.
+        let (holder, floor_ms, continued, taken_from) = match plan {
             Plan::Refuse { holder_name, lease } => {
                 let reply = self.call(
                     "/v3/lease/timetolive",
@@ -422,45 +424,35 @@ impl Etcd {
                     registry_ms: registry_ms - EPOCH_UNIX_MS,
                     ..holder
                 };
-                if ttl_s <= 0 {
-                    // The etcd lease ran out (etcd itself was down longer than it): take the key
-                    // anew, as a new run of this server would.
-                    let holder = Holder {
-                        tenure: request.now_unix_us,
-                        ..holder
-                    };
-                    self.take(
-                        worker_id,
-                        &snapshot,
-                        request.ttl,
-                        new_mark_ms,
-                        holder,
-                        budget,
-                        stop,
-                    )?
-                    .map(|(ttl_s, holder)| Granted {
-                        ttl_s,
-                        holder,
-                        floor_ms: mark_ms,
-                        continued: true,
-                        renewal: false,
-                        taken_from: None,
-                    })
-                } else {
+                if ttl_s > 0 {
                     let ops = vec![
                         put(&self.key("marks", worker_id), &new_mark_ms.to_string(), 0),
                         put(&self.key("holders", worker_id), &holder.to_json(), lease),
                     ];
-                    self.commit(worker_id, &snapshot, ops, budget, stop)?
-                        .then_some(Granted {
-                            ttl_s,
-                            holder,
-                            floor_ms: mark_ms,
-                            continued: true,
-                            renewal: true,
-                            taken_from: None,
-                        })
+                    let renewed = self.commit(worker_id, &snapshot, ops, budget, stop)?;
+                    return Ok(renewed.then(|| {
+                        granted_row(
+                            worker_id,
+                            new_mark_ms,
+                            registry_ms,
+                            Granted {
+                                ttl_s,
+                                holder,
+                                floor_ms: mark_ms,
+                                continued: true,
+                                renewal: true,
+                                taken_from: None,
+                            },
+                        )
+                    }));
                 }
+                // The etcd lease ran out (etcd itself was down longer than it): take the key
+                // anew, as a new run of this server would.
+                let holder = Holder {
+                    tenure: request.now_unix_us,
+                    ..holder
+                };
+                (holder, mark_ms, true, None)
             }
             Plan::Take {
                 floor_ms,
@@ -478,39 +470,32 @@ impl Etcd {
                     clock_ms,
                     registry_ms: registry_ms - EPOCH_UNIX_MS,
                 };
-                self.take(
-                    worker_id,
-                    &snapshot,
-                    request.ttl,
-                    new_mark_ms,
-                    holder,
-                    budget,
-                    stop,
-                )?
-                .map(|(ttl_s, holder)| Granted {
+                (holder, floor_ms, continued, taken_from)
+            }
+        };
+        let taken = self.take(
+            worker_id,
+            &snapshot,
+            request.ttl,
+            new_mark_ms,
+            holder,
+            budget,
+            stop,
+        )?;
+        Ok(taken.map(|(ttl_s, holder)| {
+            granted_row(
+                worker_id,
+                new_mark_ms,
+                registry_ms,
+                Granted {
                     ttl_s,
                     holder,
                     floor_ms,
                     continued,
                     renewal: false,
                     taken_from,
-                })
-            }
-        };
-        Ok(granted.map(|granted| ClaimRow {
-            worker_id: Some(i32::from(worker_id)),
-            granted: Some(true),
-            floor_ms: Some(granted.floor_ms as i64),
-            reserved_until_ms: Some(new_mark_ms as i64),
-            holder_name: Some(granted.holder.name),
-            expires_at_unix_ms: Some(
-                registry_ms.saturating_add(granted.ttl_s.saturating_mul(1000)),
-            ),
-            continued: Some(granted.continued),
-            renewal: Some(granted.renewal),
-            released: Some(false),
-            tenure: Some(granted.holder.tenure),
-            taken_from: granted.taken_from,
+                },
+            )
         }))
     }
 
@@ -704,6 +689,23 @@ impl Etcd {
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Reply, Failure> {
         self.gateway.call(path, &body, budget, stop)
+    }
+}
+
+/// The registry's answer to a claim that was granted.
+fn granted_row(worker_id: u16, new_mark_ms: u64, registry_ms: i64, granted: Granted) -> ClaimRow {
+    ClaimRow {
+        worker_id: Some(i32::from(worker_id)),
+        granted: Some(true),
+        floor_ms: Some(granted.floor_ms as i64),
+        reserved_until_ms: Some(new_mark_ms as i64),
+        holder_name: Some(granted.holder.name),
+        expires_at_unix_ms: Some(registry_ms.saturating_add(granted.ttl_s.saturating_mul(1000))),
+        continued: Some(granted.continued),
+        renewal: Some(granted.renewal),
+        released: Some(false),
+        tenure: Some(granted.holder.tenure),
+        taken_from: granted.taken_from,
     }
 }
 
