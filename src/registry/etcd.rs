@@ -2,6 +2,7 @@
 //! from the lease worker's own thread: each request to a member is a non-blocking transfer that
 //! looks for SIGTERM and ProcSignalBarriers every few milliseconds.
 
+use super::{NO_ANSWER, RELEASE_BUDGET, STOPPED};
 use crate::claimant::Claimant;
 use crate::etcd::gateway::Failure;
 use crate::etcd::setting::Setting;
@@ -15,9 +16,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct EtcdRegistry {
     etcd: Etcd,
 }
-
-/// How long the release at a shutdown may take in all.
-const RELEASE_BUDGET: Duration = Duration::from_secs(1);
 
 impl EtcdRegistry {
     /// The registry `registry` names; `None` when the server shuts down first.
@@ -103,8 +101,8 @@ fn stop() -> bool {
 
 fn text(failure: Failure) -> String {
     match failure {
-        Failure::Stopped => "interrupted by the server's shutdown".into(),
-        Failure::TimedOut => "the registry did not answer in time".into(),
+        Failure::Stopped => STOPPED.into(),
+        Failure::TimedOut => NO_ANSWER.into(),
         Failure::Refused { message, .. } | Failure::Error(message) => message,
     }
 }

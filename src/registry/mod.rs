@@ -132,6 +132,14 @@ pub fn description() -> String {
     }
 }
 
+/// How long the release at a shutdown may take in all, with a shared registry; a lease not
+/// released runs out by itself.
+const RELEASE_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Why a shared registry's call ended: the server's shutdown, or the registry's silence.
+const STOPPED: &str = "interrupted by the server's shutdown";
+const NO_ANSWER: &str = "the registry did not answer in time";
+
 /// A parameter of a registry call, for either kind of registry.
 pub enum Param {
     Int(i32),

@@ -5,7 +5,7 @@
 //! runs with a search path no role can put objects in and synchronous_commit = on; and a call
 //! counts only once its commit returned.
 
-use super::Param;
+use super::{Param, NO_ANSWER, RELEASE_BUDGET, STOPPED};
 use crate::conninfo::{self, lookup, Options};
 use crate::lease::{self, ClaimRow, Text};
 use crate::pq::{self, Connection, Failure};
@@ -77,7 +77,7 @@ impl Remote {
             self.connection = None;
         }
         result.map_err(|failure| match failure {
-            Failure::TimedOut => "the registry did not answer in time".into(),
+            Failure::TimedOut => NO_ANSWER.into(),
             Failure::Stopped => STOPPED.into(),
             Failure::Error(error) => error,
         })
@@ -120,11 +120,6 @@ impl Remote {
 /// How long a statement on the registry may take, its round trip included.
 const STATEMENT_LIMIT: Duration =
     conninfo::STATEMENT_TIMEOUT.saturating_add(Duration::from_secs(1));
-
-/// How long the release at a shutdown may take in all.
-const RELEASE_BUDGET: Duration = Duration::from_secs(1);
-
-const STOPPED: &str = "interrupted by the server's shutdown";
 
 /// The deadline `limit` from now, or `budget` if that comes first.
 fn within(limit: Duration, budget: Option<Instant>) -> Instant {
