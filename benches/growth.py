@@ -2,14 +2,16 @@
 
 growth.py schemes: the schemes of a major, one per line, after checking --rows and --step.
 growth.py measure: fills one scheme's table on a fresh server and writes its steps as JSON.
-growth.py report: turns the schemes' JSON into growth.md and growth.png.
+growth.py report: turns the schemes' JSON into growth.md (the largest step), growth-steps.md (every
+step) and growth.png.
 
 A measurement: two sessions fill a table (id, created_at, payload: 64 characters) with 1,000-row
 transactions. After every --step rows it records, over that step, the rows per second, the WAL
-bytes and full-page images per row (pg_stat_wal), the checkpoints, and the share of the primary key
-index's block reads that shared buffers answered (pg_statio_user_indexes), and at its end the
-index's and the table's sizes. Once the table holds --rows rows, two more steps of the same size
-repeat the largest step; the report quotes the median of the three and their range.
+bytes and full-page images per row (pg_stat_wal, which counts the WAL of every process), the
+checkpoints and the table's autovacuums, and the share of the primary key index's block reads that
+shared buffers answered (pg_statio_user_indexes), and at its end the index's and the table's sizes.
+Once the table holds --rows rows, two more steps of the same size repeat the largest step; the
+report quotes the median of the three and their range.
 
 The interleaved scheme stands for the fan-in of three writers with worker ids 17, 18 and 19 into
 one table: each row takes an id of this server (worker id 17) and moves it to worker id 17, 18 or
@@ -55,13 +57,17 @@ def psql(args, sql):
 
 
 def counters(args, major):
-    """WAL bytes, full-page images, checkpoints, index blocks hit and read, index and table bytes."""
+    """WAL bytes, full-page images, checkpoints, the table's autovacuums, index blocks hit and read, index and
+    table bytes."""
     checkpoints = ("(SELECT num_timed + num_requested FROM pg_stat_checkpointer)" if major >= 17 else
                    "(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)")
     row = psql(args, f"""
-        SELECT w.wal_bytes, w.wal_fpi, {checkpoints}, coalesce(i.idx_blks_hit, 0), coalesce(i.idx_blks_read, 0),
+        SELECT w.wal_bytes, w.wal_fpi, {checkpoints}, coalesce(t.autovacuum_count, 0),
+               coalesce(i.idx_blks_hit, 0), coalesce(i.idx_blks_read, 0),
                pg_relation_size('growth_keys_pkey'), pg_relation_size('growth_keys')
-          FROM pg_stat_wal w LEFT JOIN pg_statio_user_indexes i ON i.indexrelname = 'growth_keys_pkey'
+          FROM pg_stat_wal w
+          LEFT JOIN pg_statio_user_indexes i ON i.indexrelname = 'growth_keys_pkey'
+          LEFT JOIN pg_stat_user_tables t ON t.relname = 'growth_keys'
     """)[0].split("|")
     return [int(value) for value in row]
 
@@ -102,24 +108,25 @@ def measure(args):
         seconds = fill(args, args.step)
         # The sessions' backends have exited, and a backend reports its statistics as it exits.
         after = counters(args, major)
-        wal_bytes, fpi, checkpoints, hit, read = (after[i] - before[i] for i in range(5))
+        wal_bytes, fpi, checkpoints, autovacuums, hit, read = (after[i] - before[i] for i in range(6))
         step = {
             "rows": rows,
             "rows_per_s": args.step / seconds,
             "wal_per_row": wal_bytes / args.step,
             "fpi_per_row": fpi / args.step,
             "checkpoints": checkpoints,
+            "autovacuums": autovacuums,
             "hit_ratio": hit / (hit + read) if hit + read else 1.0,
-            "index_mib": after[5] / 2**20,
-            "table_mib": after[6] / 2**20,
+            "index_mib": after[6] / 2**20,
+            "table_mib": after[7] / 2**20,
         }
         steps.append(step)
         print(f"    {rows:>12,} rows: {step['rows_per_s']:>9,.0f} rows/s, {step['wal_per_row']:6.0f} WAL bytes/row, "
-              f"{step['fpi_per_row']:.3f} FPI/row, {checkpoints} checkpoints, "
+              f"{step['fpi_per_row']:.3f} FPI/row, {checkpoints} checkpoints, {autovacuums} autovacuums, "
               f"index {step['index_mib']:.0f} MiB ({step['hit_ratio']:.1%} hit)", flush=True)
     version = psql(args, "SHOW server_version")[0].split(" ")[0]
-    settings = psql(args, "SELECT string_agg(name || ' ' || setting || coalesce(unit, ''), ', ' ORDER BY name) "
-                          "FROM pg_settings WHERE name IN ('shared_buffers', 'max_wal_size', 'checkpoint_timeout')")[0]
+    settings = psql(args, "SELECT string_agg(name || ' ' || current_setting(name), ', ' ORDER BY name) "
+                          "FROM unnest(ARRAY['shared_buffers', 'max_wal_size', 'checkpoint_timeout']) name")[0]
     with open(args.out, "w") as out:
         json.dump({"scheme": args.scheme, "version": version, "settings": settings, "rows": args.rows,
                    "step": args.step, "steps": steps}, out)
@@ -140,40 +147,44 @@ def report(args):
         with open(path) as file:
             results.append(json.load(file))
     first = results[0]
-    major = int(first["version"].split(".")[0])
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     bigserial = next(result for result in results if result["scheme"] == "bigserial")
     baseline = statistics.median(step["rows_per_s"] for step in largest_step(bigserial))
-    lines = [f"Machine: {os.cpu_count()} cores ({platform.machine()}), {memory_gib:.0f} GiB of memory, PostgreSQL "
-             f"{first['version']}; {first['settings']}, every other setting at its default; a fresh server "
-             f"for each key; {SESSIONS} sessions inserting {ROWS_PER_TRANSACTION:,}-row transactions.",
-             "", f"### At {first['rows']:,} rows", "",
-             f"The step of {first['step']:,} rows that reaches {first['rows']:,} and the {REPEATS - 1} after it: "
-             "median (lowest – highest). Sizes after the last of them.", "",
-             "| primary key | rows/s | of bigserial's | WAL bytes/row | full-page images/row | index hits | index | table |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    machine = (f"Machine: {os.cpu_count()} cores ({platform.machine()}), {memory_gib:.0f} GiB of memory, PostgreSQL "
+               f"{first['version']}; {first['settings']}, every other setting at its default; a fresh server "
+               f"for each key; {SESSIONS} sessions inserting {ROWS_PER_TRANSACTION:,}-row transactions.")
+    summary = [f"{machine} At {first['rows']:,} rows: the step of {first['step']:,} rows that reaches them and "
+               f"the {REPEATS - 1} after it, median (lowest – highest); sizes after the last of them.", "",
+               "| primary key | rows/s | of bigserial's | WAL bytes/row | full-page images/row | checkpoints/step "
+               "| index hits | index | table |",
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for result in results:
         steps = largest_step(result)
         rates = [step["rows_per_s"] for step in steps]
-        lines.append(
+        summary.append(
             f"| `{SCHEMES[result['scheme']][0]}` | {median_and_range(rates, lambda v: f'{v / 1000:.0f} k')} | "
             f"{statistics.median(rates) / baseline:.0%} | "
             f"{median_and_range([step['wal_per_row'] for step in steps], lambda v: f'{v:.0f}')} | "
             f"{median_and_range([step['fpi_per_row'] for step in steps], lambda v: f'{v:.3f}')} | "
+            f"{median_and_range([step['checkpoints'] for step in steps], lambda v: f'{v:.0f}')} | "
             f"{median_and_range([step['hit_ratio'] for step in steps], lambda v: f'{v:.1%}')} | "
             f"{steps[-1]['index_mib']:,.0f} MiB | {steps[-1]['table_mib']:,.0f} MiB |")
+    every_step = [f"{machine} Figures over each step of {first['step']:,} rows; the last {REPEATS} are the step "
+                  f"that reaches {first['rows']:,} rows and its {REPEATS - 1} repeats."]
     for result in results:
-        lines += ["", f"### `{SCHEMES[result['scheme']][0]}`, step by step", "",
-                  "| rows | rows/s | WAL bytes/row | full-page images/row | checkpoints | index hits | index |",
-                  "|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {step['rows']:,} | {step['rows_per_s']:,.0f} | {step['wal_per_row']:.0f} | "
-                  f"{step['fpi_per_row']:.3f} | {step['checkpoints']} | {step['hit_ratio']:.1%} | "
-                  f"{step['index_mib']:,.0f} MiB |" for step in result["steps"]]
-    text = "\n".join(lines) + "\n"
-    print(text)
+        every_step += ["", f"### `{SCHEMES[result['scheme']][0]}`", "",
+                       "| rows | rows/s | WAL bytes/row | full-page images/row | checkpoints | autovacuums | index hits "
+                       "| index |",
+                       "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        every_step += [f"| {step['rows']:,} | {step['rows_per_s']:,.0f} | {step['wal_per_row']:.0f} | "
+                       f"{step['fpi_per_row']:.3f} | {step['checkpoints']} | {step['autovacuums']} | {step['hit_ratio']:.1%} | "
+                       f"{step['index_mib']:,.0f} MiB |" for step in result["steps"]]
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "growth.md"), "w") as out:
-        out.write(text)
+    for name, lines in (("growth-steps.md", every_step), ("growth.md", summary)):
+        text = "\n".join(lines) + "\n"
+        print(text)
+        with open(os.path.join(args.out_dir, name), "w") as out:
+            out.write(text)
 
     import matplotlib
     matplotlib.use("Agg")
@@ -197,7 +208,7 @@ def report(args):
                     f"{first['settings']}, {os.cpu_count()} cores")
     figure.tight_layout()
     figure.savefig(os.path.join(args.out_dir, "growth.png"), dpi=100)
-    print(f"==> wrote {args.out_dir}/growth.md and growth.png")
+    print(f"==> wrote growth.md, growth-steps.md and growth.png in {args.out_dir}")
 
 
 def main():
