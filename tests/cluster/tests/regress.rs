@@ -99,14 +99,22 @@ fn every_psql_example_in_the_readme_is_in_an_expected_output() {
 fn the_readme_shows_the_committed_benchmark_results_of_every_major() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let readme = fs::read_to_string(root.join("README.md")).unwrap();
-    for major in ["pg15", "pg17", "pg18"] {
+    // Each benchmark's results file and its chart, by major.
+    let benchmarks = [
+        ("pg15", "results", "chart"),
+        ("pg17", "results", "chart"),
+        ("pg18", "results", "chart"),
+        ("pg15", "growth", "growth"),
+        ("pg18", "growth", "growth"),
+    ];
+    for (major, results, chart) in benchmarks {
         let dir = format!("benches/results/{major}");
-        let results = fs::read_to_string(root.join(&dir).join("results.md")).unwrap();
+        let text = fs::read_to_string(root.join(&dir).join(format!("{results}.md"))).unwrap();
         assert!(
-            readme.contains(results.trim()),
-            "README.md does not show {dir}/results.md as it is"
+            readme.contains(text.trim()),
+            "README.md does not show {dir}/{results}.md as it is"
         );
-        assert!(readme.contains(&format!("]({dir}/chart.png)")));
-        assert!(root.join(&dir).join("chart.png").is_file());
+        assert!(readme.contains(&format!("]({dir}/{chart}.png)")));
+        assert!(root.join(&dir).join(format!("{chart}.png")).is_file());
     }
 }
