@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
 # What each primary key costs as its table outgrows shared buffers, on the major that PG_MAJOR
-# picks, release build. For each key, a fresh throwaway server (shared_buffers 128MB unless
-# --shared-buffers says otherwise, max_wal_size 1GB, checkpoint_timeout 1min, every other setting
-# at its default) and a table filled to --rows rows (default 20,000,000), figures every --step rows
-# (default 1,000,000). Writes growth.md, growth-steps.md and growth.png in benches/results/pgMAJOR
-# (or --out-dir) and prints them.
+# picks, release build. For each key, a fresh throwaway server (shared_buffers 128MB, max_wal_size
+# 1GB, checkpoint_timeout 1min, every other setting at its default) and a table filled to --rows
+# rows, with figures every --step rows. Writes growth.md, growth-steps.md, growth.json and
+# growth.png in benches/results/pgMAJOR (or --out-dir) and prints them.
 set -euo pipefail
-rows=20000000 step=1000000 shared_buffers=128MB out_dir=
-usage="usage: benches/growth.sh [--rows N] [--step N] [--shared-buffers SIZE] [--out-dir DIR]"
+rows=20000000 step=1000000 shared_buffers=128MB max_wal_size=1GB out_dir=
+usage="usage: benches/growth.sh [--rows N] [--step N] [--shared-buffers SIZE] [--max-wal-size SIZE] [--out-dir DIR]
+  --rows: rows per table (default 20000000), a multiple of --step
+  --step: rows between two records (default 1000000), a multiple of 2000
+  sizes: a number and a unit of kB, MB, GB (defaults 128MB and 1GB)"
+fail() { echo "growth.sh: $1" >&2; echo "$usage" >&2; exit 2; }
 while [ $# -gt 0 ]; do
-    [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+    [ $# -ge 2 ] || fail "$1 needs a value"
     case $1 in
         --rows) rows=$2 ;;
         --step) step=$2 ;;
         --shared-buffers) shared_buffers=$2 ;;
+        --max-wal-size) max_wal_size=$2 ;;
         --out-dir) out_dir=$2 ;;
-        *) echo "$usage" >&2; exit 2 ;;
+        *) fail "unknown argument $1" ;;
     esac
     shift 2
 done
+[[ $step =~ ^[1-9][0-9]*$ && $((step % 2000)) = 0 ]] || fail "--step $step is not a positive multiple of 2000"
+[[ $rows =~ ^[1-9][0-9]*$ && $((rows % step)) = 0 ]] || fail "--rows $rows is not a positive multiple of --step"
+for size in "$shared_buffers" "$max_wal_size"; do
+    [[ $size =~ ^[1-9][0-9]*(kB|MB|GB)$ ]] || fail "$size is not a size such as 128MB"
+done
+
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
 growth=(python3 "$REPO/benches/growth.py")
-major=$PG_MAJOR
-schemes=$("${growth[@]}" schemes --major "$major" --rows "$rows" --step "$step")
 if ! python3 -c 'import matplotlib' 2>/dev/null; then
     echo "==> installing matplotlib for the chart" >&2
     python3 -m pip install --quiet matplotlib 2>/dev/null || as_root apt-get install -y -qq python3-matplotlib >&2
@@ -30,20 +38,21 @@ fi
 install_snowid >&2
 
 dir=${SNOWID_BENCH_DIR:-/tmp/snowid-growth}
-port=${SNOWID_BENCH_PORT:-54340}
+port=${SNOWID_BENCH_PORT:-54360}
 steps=$(mktemp -d)
 trap 'stop_cluster "$dir"; rm -rf "$steps"' EXIT
 files=()
-for scheme in $schemes; do
-    # The build's and the last scheme's writes reach the disk now, not during the next measurement.
+for scheme in $("${growth[@]}" schemes --major "$PG_MAJOR"); do
+    # The build's and the last key's writes reach the disk now, not during the next measurement.
     sync
-    echo "==> $scheme: a fresh server with shared_buffers $shared_buffers on port $port"
+    echo "==> $scheme: a fresh server with shared_buffers $shared_buffers and max_wal_size $max_wal_size on port $port"
     start_cluster "$dir" "$port" "shared_preload_libraries = 'snowid'" "snowid.worker_id = 17" \
-        "shared_buffers = '$shared_buffers'" "max_wal_size = '1GB'" "checkpoint_timeout = '1min'" ||
+        "shared_buffers = '$shared_buffers'" "max_wal_size = '$max_wal_size'" "checkpoint_timeout = '1min'" ||
         { tail -n 3 "$dir/server.log" >&2; exit 1; }
     "${growth[@]}" measure --scheme "$scheme" --rows "$rows" --step "$step" \
         --psql "$("$PG_CONFIG" --bindir)/psql" --port "$port" --out "$steps/$scheme.json"
     stop_cluster "$dir"
     files+=("$steps/$scheme.json")
 done
-"${growth[@]}" report --out-dir "${out_dir:-$REPO/benches/results/pg$major}" "${files[@]}"
+storage=$(findmnt --noheadings --output SOURCE,FSTYPE --target "$dir" | awk '{print $1 " (" $2 ")"}')
+"${growth[@]}" report --out-dir "${out_dir:-$REPO/benches/results/pg$PG_MAJOR}" --storage "$storage" "${files[@]}"
