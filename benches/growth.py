@@ -6,9 +6,9 @@ growth.py report: turns the schemes' JSON into growth.md (the largest size), gro
 step), growth.png and growth.json (all of it).
 
 A measurement: two sessions fill a table (id, created_at, payload: 64 characters) with 1,000-row
-transactions. The table is not autovacuumed: its heap is the same for every key, and a vacuum's
-WAL would fall into whichever steps it ran in (on 18, whose initdb turns data checksums on, an
-image of every heap page). After every --step rows it records, over that step, the rows per
+transactions. The table is not autovacuumed: a vacuum's WAL would fall into whichever steps it ran
+in (on 18, whose initdb turns data checksums on, an image of every heap page), and only the slow
+keys' vacuums would finish inside their runs. After every --step rows it records, over that step, the rows per
 second, the WAL per row (by the WAL insert position), the full-page images per row (pg_stat_wal),
 the checkpoints, and the primary key index's block reads and the share of its block requests that
 shared buffers answered (pg_statio_user_indexes); and at its end the index's and the table's sizes. Once the table holds --rows rows, it goes on for two more steps of the same
@@ -109,7 +109,7 @@ def measure(args):
         seconds = fill(args, args.step)
         after = counters(args, major)
         change = {name: after[name] - before[name] for name in after}
-        reads = change["index_hits"] + change["index_reads"]
+        requests = change["index_hits"] + change["index_reads"]
         step = {
             "rows": rows,
             "rows_per_s": args.step / seconds,
@@ -117,7 +117,7 @@ def measure(args):
             "fpi_per_row": change["fpi"] / args.step,
             "checkpoints": change["checkpoints"],
             "index_reads_per_row": change["index_reads"] / args.step,
-            "hit_ratio": change["index_hits"] / reads if reads else 1.0,
+            "hit_ratio": change["index_hits"] / requests if requests else 1.0,
             "index_mib": after["index_bytes"] / 2**20,
             "table_mib": after["table_bytes"] / 2**20,
         }
@@ -161,7 +161,8 @@ def report(args):
     baseline = statistics.median(step["rows_per_s"] for step in last_steps(bigserial))
     setup = (f"Machine: {machine()}, the data directory on {args.storage}. PostgreSQL {first['version']}: "
              f"{first['settings']}, every other setting at its default; a fresh server for each key; "
-             f"{SESSIONS} sessions inserting {ROWS_PER_TRANSACTION:,}-row transactions.")
+             f"{SESSIONS} sessions inserting {ROWS_PER_TRANSACTION:,}-row transactions into a table created "
+             "WITH (autovacuum_enabled = off).")
     ends = [f"{rows + k * step_rows:,}" for k in range(LAST_STEPS)]
     summary = [f"{setup} At {rows:,} rows: the steps of {step_rows:,} rows to {', '.join(ends[:-1])} and "
                f"{ends[-1]} rows, median (lowest – highest); sizes at {rows:,} rows.",

@@ -2,12 +2,13 @@
 # What each primary key costs as its table outgrows shared buffers, on the major that PG_MAJOR
 # picks, release build. For each key, a fresh throwaway server (shared_buffers 128MB, max_wal_size
 # 1GB, checkpoint_timeout 1min, every other setting at its default) and a table, not autovacuumed,
-# filled to --rows rows, with figures every --step rows. Writes growth.md, growth-steps.md,
+# filled to --rows rows and two steps beyond, with figures every --step rows. Writes growth.md, growth-steps.md,
 # growth.json and growth.png in benches/results/pgMAJOR (or --out-dir) and prints them.
 set -euo pipefail
 rows=20000000 step=1000000 shared_buffers=128MB max_wal_size=1GB out_dir=
 usage="usage: benches/growth.sh [--rows N] [--step N] [--shared-buffers SIZE] [--max-wal-size SIZE] [--out-dir DIR]
-  --rows: rows per table (default 20000000), a multiple of --step
+  --rows: the size the figures are quoted at (default 20000000), a multiple of --step;
+          each table goes on for two more steps
   --step: rows between two records (default 1000000), a multiple of 2000
   sizes: a number and a unit of kB, MB, GB (defaults 128MB and 1GB)"
 fail() { echo "growth.sh: $1" >&2; echo "$usage" >&2; exit 2; }
@@ -37,10 +38,13 @@ if ! python3 -c 'import matplotlib' 2>/dev/null; then
 fi
 install_snowid >&2
 
-dir=${SNOWID_BENCH_DIR:-/tmp/snowid-growth}
-port=${SNOWID_BENCH_PORT:-54360}
+dir=${SNOWID_GROWTH_DIR:-/tmp/snowid-growth}
+port=${SNOWID_GROWTH_PORT:-54360}
+mkdir -p "$dir"
+storage=$(findmnt --noheadings --output SOURCE,FSTYPE --target "$dir" | awk '{print $1 " (" $2 ")"}')
 steps=$(mktemp -d)
-trap 'stop_cluster "$dir"; rm -rf "$steps"' EXIT
+echo "==> each key's figures go to $steps"
+trap 'stop_cluster "$dir"' EXIT
 files=()
 for scheme in $("${growth[@]}" schemes --major "$PG_MAJOR"); do
     # The build's and the last key's writes reach the disk now, not during the next measurement.
@@ -52,7 +56,8 @@ for scheme in $("${growth[@]}" schemes --major "$PG_MAJOR"); do
     "${growth[@]}" measure --scheme "$scheme" --rows "$rows" --step "$step" \
         --psql "$("$PG_CONFIG" --bindir)/psql" --port "$port" --out "$steps/$scheme.json"
     stop_cluster "$dir"
+    rm -rf "$dir/data"
     files+=("$steps/$scheme.json")
 done
-storage=$(findmnt --noheadings --output SOURCE,FSTYPE --target "$dir" | awk '{print $1 " (" $2 ")"}')
 "${growth[@]}" report --out-dir "${out_dir:-$REPO/benches/results/pg$PG_MAJOR}" --storage "$storage" "${files[@]}"
+rm -rf "$steps"

@@ -114,7 +114,11 @@ fn the_readme_shows_the_committed_benchmark_results_of_every_major() {
             readme.contains(text.trim()),
             "README.md does not show {dir}/{results}.md as it is"
         );
-        assert!(readme.contains(&format!("]({dir}/{chart}.png)")));
-        assert!(root.join(&dir).join(format!("{chart}.png")).is_file());
+        let chart = format!("{dir}/{chart}.png");
+        assert!(
+            readme.contains(&format!("]({chart})")),
+            "README.md does not show {chart}"
+        );
+        assert!(root.join(&chart).is_file(), "{chart} is missing");
     }
 }
