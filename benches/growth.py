@@ -8,11 +8,12 @@ step), growth.png and growth.json (all of it).
 A measurement: two sessions fill a table (id, created_at, payload: 64 characters) with 1,000-row
 transactions. The table is not autovacuumed: a vacuum's WAL would fall into whichever steps it ran
 in (on 18, whose initdb turns data checksums on, an image of every heap page), and only the slow
-keys' vacuums would finish inside their runs. After every --step rows it records, over that step, the rows per
-second, the WAL per row (by the WAL insert position), the full-page images per row (pg_stat_wal),
-the checkpoints, and the primary key index's block reads and the share of its block requests that
-shared buffers answered (pg_statio_user_indexes); and at its end the index's and the table's sizes. Once the table holds --rows rows, it goes on for two more steps of the same
-size: the report quotes the median and range of those three steps, all at the largest size.
+keys' vacuums would finish inside their runs. After every --step rows it records, over that step,
+the rows per second, the WAL per row (by the WAL insert position), the full-page images per row
+(pg_stat_wal), the checkpoints, and the primary key index's block reads and the share of its block
+requests that shared buffers answered (pg_statio_user_indexes); and at its end the index's and the
+table's sizes. Once the table holds --rows rows, it goes on for two more steps of the same size:
+the report quotes the median and range of those three steps.
 
 The interleaved scheme stands for the fan-in of three writers with worker ids 17, 18 and 19 into
 one table: each row takes an id of this server (worker id 17) and adds 0, 1 or 2 to its worker id

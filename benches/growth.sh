@@ -2,8 +2,9 @@
 # What each primary key costs as its table outgrows shared buffers, on the major that PG_MAJOR
 # picks, release build. For each key, a fresh throwaway server (shared_buffers 128MB, max_wal_size
 # 1GB, checkpoint_timeout 1min, every other setting at its default) and a table, not autovacuumed,
-# filled to --rows rows and two steps beyond, with figures every --step rows. Writes growth.md, growth-steps.md,
-# growth.json and growth.png in benches/results/pgMAJOR (or --out-dir) and prints them.
+# filled to --rows rows and two steps beyond, with figures every --step rows. Writes growth.md,
+# growth-steps.md, growth.json and growth.png in benches/results/pgMAJOR (or --out-dir) and prints
+# them.
 set -euo pipefail
 rows=20000000 step=1000000 shared_buffers=128MB max_wal_size=1GB out_dir=
 usage="usage: benches/growth.sh [--rows N] [--step N] [--shared-buffers SIZE] [--max-wal-size SIZE] [--out-dir DIR]
