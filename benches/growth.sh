@@ -33,10 +33,7 @@ done
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
 growth=(python3 "$REPO/benches/growth.py")
-if ! python3 -c 'import matplotlib' 2>/dev/null; then
-    echo "==> installing matplotlib for the chart" >&2
-    python3 -m pip install --quiet matplotlib 2>/dev/null || as_root apt-get install -y -qq python3-matplotlib >&2
-fi
+install_matplotlib
 install_snowid >&2
 
 dir=${SNOWID_GROWTH_DIR:-/tmp/snowid-growth}

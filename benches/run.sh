@@ -4,10 +4,7 @@
 # table. Arguments go to bench.py: --rows N (default 5,000,000), --runs N (default 3). PG_MAJOR=17
 # measures PostgreSQL 17; PG_MAJOR=18 measures 18, with its native uuidv7() beside the others.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
-if ! python3 -c 'import matplotlib' 2>/dev/null; then
-    echo "==> installing matplotlib for the chart" >&2
-    python3 -m pip install --quiet matplotlib 2>/dev/null || as_root apt-get install -y -qq python3-matplotlib >&2
-fi
+install_matplotlib
 install_snowid >&2
 
 base=${SNOWID_BENCH_DIR:-/tmp/snowid-bench}

@@ -87,6 +87,13 @@ use_major() {
 use_major "$PG_MAJOR"
 
 # Builds snowid in release mode and installs it into the PostgreSQL that PG_CONFIG names.
+# matplotlib, for the benchmarks' charts, when missing.
+install_matplotlib() {
+    python3 -c 'import matplotlib' 2>/dev/null && return 0
+    echo "==> installing matplotlib for the chart" >&2
+    python3 -m pip install --quiet matplotlib 2>/dev/null || as_root apt-get install -y -qq python3-matplotlib >&2
+}
+
 install_snowid() {
     echo "==> building and installing snowid (release)"
     local sudo_flag=()
