@@ -741,13 +741,35 @@ pub fn pg_config(flag: &str) -> String {
     String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
-/// A loopback port that nothing listens on now.
+/// The ports the tests hand out: below 32768, where Linux picks the local ports of outgoing
+/// connections, so that none of those can take a port between its reservation and its server's
+/// start.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A loopback port that nothing listens on now, reserved for this test process until it exits.
+/// Tests run as processes side by side, so a reservation is a lock on a file named for the port,
+/// which the kernel releases when the process ends, however it ends.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static RESERVED: std::sync::Mutex<Vec<fs::File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("snowid-test-ports");
+    fs::create_dir_all(&dir).unwrap();
+    let count = TEST_PORTS.end - TEST_PORTS.start;
+    // Processes start their search at different places, so that they rarely contend.
+    let start = (std::process::id() % u32::from(count)) as u16;
+    for step in 0..count {
+        let port = TEST_PORTS.start + (start + step) % count;
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+            .unwrap();
+        if file.try_lock().is_ok() && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            RESERVED.lock().unwrap().push(file);
+            return port;
+        }
+    }
+    panic!("no free port in {TEST_PORTS:?}");
 }
 
 fn is_root() -> bool {
