@@ -15,22 +15,6 @@ use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-
-/// The tests of one file that measure waits of a second or less run alone, so that servers being
-/// set up by its other tests on this machine's few cores cannot stretch them; the others run side
-/// by side.
-static MACHINE: RwLock<()> = RwLock::new(());
-
-/// Held by a test that must run alone among the tests of its file.
-pub fn alone() -> RwLockWriteGuard<'static, ()> {
-    MACHINE.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Held by a test that may run beside the others of its file, but not beside one that runs alone.
-pub fn beside_others() -> RwLockReadGuard<'static, ()> {
-    MACHINE.read().unwrap_or_else(PoisonError::into_inner)
-}
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -688,6 +672,17 @@ impl Drop for Volume {
         let _ = fs::remove_dir(&self.mount);
         let _ = fs::remove_file(&self.image);
     }
+}
+
+/// Gives this test's thread, and every process and thread it starts from now on (servers, sessions,
+/// builds), the lowest CPU priority. A test that keeps both cores busy (a million ids, four sessions
+/// inserting without pause, a build) then runs on the CPU time that the tests beside it leave idle,
+/// and never stretches the waits of a second or less that they measure.
+pub fn yield_the_cpu() {
+    // Linux sets a priority per thread: this one's id is the last part of /proc/thread-self.
+    let thread = fs::read_link("/proc/thread-self").unwrap();
+    let thread = thread.file_name().unwrap().to_str().unwrap();
+    run("renice", &["-n", "19", "-p", thread]);
 }
 
 /// Runs a command as the tests' user, failing the test if it fails.

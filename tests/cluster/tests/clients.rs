@@ -2,7 +2,7 @@
 //! server that preloads snowid. Each example asserts its round trips itself and prints what it
 //! checked; the README's section on clients says no more than these lines.
 
-use snowid_cluster_tests::Cluster;
+use snowid_cluster_tests::{yield_the_cpu, Cluster};
 use std::path::Path;
 use std::process::Command;
 
@@ -36,6 +36,7 @@ const SUMMARIES: &[&str] = &[
 
 #[test]
 fn every_client_example_round_trips_ids_exactly() {
+    yield_the_cpu();
     let cluster = Cluster::start_preloading_snowid(
         "clients",
         &["snowid.worker_id = 17", "snowid.database = 'postgres'"],

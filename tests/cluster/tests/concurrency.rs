@@ -1,6 +1,6 @@
 //! Several sessions issuing at once, through real client connections, commit no duplicate.
 
-use snowid_cluster_tests::Cluster;
+use snowid_cluster_tests::{yield_the_cpu, Cluster};
 
 const SESSIONS: i32 = 4;
 const ROUNDS: i32 = 5;
@@ -8,6 +8,7 @@ const IDS_PER_ROUND: i32 = 50_000;
 
 #[test]
 fn four_sessions_commit_a_million_ids_without_a_duplicate() {
+    yield_the_cpu();
     let cluster = Cluster::start(
         "concurrency",
         &[

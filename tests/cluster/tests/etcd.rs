@@ -9,8 +9,7 @@ use postgres::Client;
 use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    alone, beside_others, error_text, give_to_postgres, lease_worker_pid, wait_for,
-    wait_for_lease_state, Node,
+    error_text, give_to_postgres, lease_worker_pid, wait_for, wait_for_lease_state, Node,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -149,7 +148,6 @@ fn distinct_ids<'a>(calls: impl IntoIterator<Item = &'a Call>) -> Vec<i64> {
 
 #[test]
 fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
-    let _machine = beside_others();
     let etcd = EtcdCluster::start(&directory("keys"), 3, None);
     let registry = registry(&etcd);
     let node = node("keys", Some(5), &registry, 6);
@@ -238,7 +236,6 @@ fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
 
 #[test]
 fn a_second_server_is_refused_naming_the_holder_and_takes_over_above_the_mark_once_it_died() {
-    let _machine = beside_others();
     let etcd = EtcdCluster::start(&directory("takeover"), 3, None);
     let registry = registry(&etcd);
     let first = node("first", Some(7), &registry, 6);
@@ -301,7 +298,6 @@ fn a_second_server_is_refused_naming_the_holder_and_takes_over_above_the_mark_on
 
 #[test]
 fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
-    let _machine = beside_others();
     let etcd = EtcdCluster::start(&directory("any"), 3, None);
     let registry = registry(&etcd);
     let nodes: Vec<Node> = (1..=4)
@@ -374,7 +370,6 @@ fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
 
 #[test]
 fn killing_etcds_leader_while_nodes_issue_refuses_no_call() {
-    let _machine = alone();
     let mut etcd = EtcdCluster::start(&directory("leader"), 3, None);
     let registry = registry(&etcd);
     // etcd takes 1 to 3 s to elect a new leader: a time-to-live of 10 s leaves room for it.
@@ -428,7 +423,6 @@ fn killing_etcds_leader_while_nodes_issue_refuses_no_call() {
 
 #[test]
 fn with_every_member_frozen_past_the_lease_nodes_issue_until_their_deadline_then_resume() {
-    let _machine = alone();
     let etcd = EtcdCluster::start(&directory("frozen"), 3, None);
     let registry = registry(&etcd);
     // Renewed every 2 s, a lease of 6 s lets the node issue for 5 s after its last claim was sent.
@@ -521,7 +515,6 @@ fn wait_for_error(node: &Node, clause: &str) -> (String, String) {
 
 #[test]
 fn tls_with_client_certificates_and_user_authentication() {
-    let _machine = beside_others();
     let dir = directory("tls");
     let ca = certificate_authority(&dir, "ca");
     let other_ca = certificate_authority(&dir, "other-ca");
@@ -642,7 +635,6 @@ fn tls_with_client_certificates_and_user_authentication() {
 
 #[test]
 fn a_member_that_never_answers_holds_up_neither_claims_nor_the_workers_stop() {
-    let _machine = alone();
     let etcd = EtcdCluster::start(&directory("silent"), 3, None);
     // Accepts connections (the kernel completes them) and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -710,7 +702,6 @@ fn a_member_that_never_answers_holds_up_neither_claims_nor_the_workers_stop() {
 
 #[test]
 fn a_promoted_standby_takes_the_worker_id_over_from_its_fenced_primary_at_once() {
-    let _machine = beside_others();
     let etcd = EtcdCluster::start(&directory("fenced"), 3, None);
     let registry = registry(&etcd);
     let primary = node("fenced", Some(9), &registry, 30);

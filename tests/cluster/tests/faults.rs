@@ -10,8 +10,8 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    alone, beside_others, error_text, host_name, lease_worker_pid, new_holder_wait_ms, wait_for,
-    wait_for_lease_state, Cluster, Volume,
+    error_text, host_name, lease_worker_pid, new_holder_wait_ms, wait_for, wait_for_lease_state,
+    Cluster, Volume,
 };
 use std::time::{Duration, Instant};
 
@@ -235,7 +235,6 @@ fn issue_until(cluster: &Cluster, fault: impl FnOnce()) -> Vec<i64> {
 
 #[test]
 fn a_clone_beside_its_original_never_issues() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let (original, mut original_client) = short_lease_server("original");
     issue(&mut ids, "original", &mut original_client, 100);
@@ -253,7 +252,6 @@ fn a_clone_beside_its_original_never_issues() {
 
 #[test]
 fn a_clone_at_the_same_host_port_and_path_never_issues() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let (original, mut original_client) = short_lease_server("same-place");
     issue(&mut ids, "original", &mut original_client, 100);
@@ -281,7 +279,6 @@ fn a_clone_at_the_same_host_port_and_path_never_issues() {
 
 #[test]
 fn a_standby_refuses_and_once_promoted_beside_its_live_primary_never_issues() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let (primary, mut primary_client) = short_lease_server("live-primary");
     issue(&mut ids, "primary", &mut primary_client, 100);
@@ -312,7 +309,6 @@ fn a_standby_refuses_and_once_promoted_beside_its_live_primary_never_issues() {
 
 #[test]
 fn a_standby_promoted_after_its_primary_stopped_cleanly_issues_at_once_above_it() {
-    let _machine = alone();
     let mut ids = Ids::default();
     let (primary, mut primary_client) = short_lease_server("clean-primary");
     let standby = primary.standby_of("clean-standby");
@@ -352,7 +348,6 @@ fn a_standby_promoted_after_its_primary_stopped_cleanly_issues_at_once_above_it(
 
 #[test]
 fn a_standby_promoted_after_its_primary_crashed_issues_after_the_handover() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let (primary, _) = short_lease_server("crashed-primary");
     let standby = primary.standby_of("crashed-standby");
@@ -397,7 +392,6 @@ fn a_standby_promoted_after_its_primary_crashed_issues_after_the_handover() {
 
 #[test]
 fn a_clone_issues_after_an_explicit_handover_once_its_original_is_gone() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let (original, mut original_client) = short_lease_server("handed-over");
     let clone = original.physical_copy("handed-over-clone");
@@ -457,7 +451,6 @@ fn a_clone_issues_after_an_explicit_handover_once_its_original_is_gone() {
 
 #[test]
 fn a_terminated_lease_worker_is_back_within_a_second_and_issuing_never_stops() {
-    let _machine = alone();
     let mut ids = Ids::default();
     let (_cluster, mut client) = short_lease_server("terminated");
     let worker_pid = |client: &mut Client| -> Option<i32> {
@@ -508,7 +501,6 @@ fn a_terminated_lease_worker_is_back_within_a_second_and_issuing_never_stops() {
 
 #[test]
 fn a_statement_timeout_ends_a_clock_wait_at_once() {
-    let _machine = alone();
     let mut ids = Ids::default();
     let (cluster, mut client) =
         server_with_clock("timeout", &["snowid.max_clock_backward = 8000"], true);
@@ -557,7 +549,6 @@ fn a_statement_timeout_ends_a_clock_wait_at_once() {
 #[test]
 fn a_server_with_default_settings_issues_within_two_seconds_of_a_restart_after_a_crash_or_a_clean_stop(
 ) {
-    let _machine = alone();
     let mut ids = Ids::default();
     let (cluster, _) = server("crashed", &[]);
     for id in issue_until(&cluster, || cluster.stop("immediate")) {
@@ -595,7 +586,6 @@ fn a_server_with_default_settings_issues_within_two_seconds_of_a_restart_after_a
 
 #[test]
 fn a_point_in_time_restore_refuses_beside_its_original_and_issues_above_it_once_handed_over() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let archive = std::env::temp_dir().join(format!("snowid-archive-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&archive);
@@ -700,7 +690,6 @@ fn a_point_in_time_restore_refuses_beside_its_original_and_issues_above_it_once_
 
 #[test]
 fn pg_upgrade_keeps_the_lease_table_and_the_upgraded_server_issues_above_the_old_one() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let (old, mut old_client) = server("upgrade-old", &[]);
     issue(&mut ids, "upgrade-old", &mut old_client, 100);
@@ -745,7 +734,6 @@ fn lease_rows(client: &mut Client) -> Vec<(i32, Option<String>, Option<String>, 
 
 #[test]
 fn pg_dump_and_pg_restore_keep_the_ids_of_a_database_and_the_leases_of_a_registry() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let dumps = std::env::temp_dir().join(format!("snowid-dumps-{}", std::process::id()));
     std::fs::create_dir_all(&dumps).unwrap();
@@ -851,7 +839,6 @@ fn pg_dump_and_pg_restore_keep_the_ids_of_a_database_and_the_leases_of_a_registr
 
 #[test]
 fn a_missing_lease_database_is_named_and_its_failed_connection_logged_once() {
-    let _machine = beside_others();
     let cluster = Cluster::start(
         "missing-database",
         &[
@@ -910,7 +897,6 @@ fn a_missing_lease_database_is_named_and_its_failed_connection_logged_once() {
 
 #[test]
 fn a_cold_copy_of_a_cleanly_stopped_server_refuses_beside_it() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let (original, mut client) = short_lease_server("cold-original");
     issue(&mut ids, "cold-original", &mut client, 100);
@@ -934,7 +920,6 @@ fn a_cold_copy_of_a_cleanly_stopped_server_refuses_beside_it() {
 
 #[test]
 fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     // Renewed every 2 s, issuing until 5 s after the last renewal: a refused renewal leaves 3 s.
     let (cluster, mut client) = server("locked", &["snowid.lease_ttl = 6"]);
@@ -986,7 +971,6 @@ fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
 
 #[test]
 fn a_block_level_snapshot_mounted_beside_its_original_never_issues() {
-    let _machine = beside_others();
     let mut ids = Ids::default();
     let volume = Volume::new("original");
     let original = Cluster::start_on(

@@ -27,8 +27,7 @@
 use postgres::Client;
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    alone, beside_others, error_text, give_to_postgres, wait_for, wait_for_lease_state, Cluster,
-    Node,
+    error_text, give_to_postgres, wait_for, wait_for_lease_state, Cluster, Node,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -151,7 +150,6 @@ fn lease_row(registry: &mut Client, worker_id: i32) -> LeaseRow {
 
 #[test]
 fn a_node_holds_its_lease_over_verified_tls_and_nodes_failing_verification_say_why() {
-    let _machine = beside_others();
     let registry = registry("tls-registry", &["node1"]);
     let dir = registry.dir().to_path_buf();
     let ca = certificate_authority(&dir, "ca");
@@ -263,7 +261,6 @@ fn a_node_holds_its_lease_over_verified_tls_and_nodes_failing_verification_say_w
 
 #[test]
 fn the_registry_password_shows_in_no_status_log_or_setting_from_a_password_file() {
-    let _machine = beside_others();
     let registry = registry("secrets-registry", &["node1"]);
     let logging = [
         "log_connections = on",
@@ -372,7 +369,6 @@ fn the_registry_password_shows_in_no_status_log_or_setting_from_a_password_file(
 
 #[test]
 fn a_service_file_names_the_registry_and_the_status_names_only_the_service() {
-    let _machine = beside_others();
     let registry = registry("service-registry", &["node1"]);
     let passfile = password_file(&registry, "pgpass", "node1", PASSWORD);
     let service_file = registry.dir().join("pg_service.conf");
@@ -407,7 +403,6 @@ fn a_service_file_names_the_registry_and_the_status_names_only_the_service() {
 
 #[test]
 fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other() {
-    let _machine = beside_others();
     let registry = registry("privilege-registry", &["node1", "node2"]);
     let mut admin = registry.connect();
     admin.batch_execute("CREATE ROLE nobody LOGIN").unwrap();
@@ -668,7 +663,6 @@ fn unix_ms_now() -> i64 {
 
 #[test]
 fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby() {
-    let _machine = alone();
     const LEASE_TTL_MS: i64 = 10_000;
     let primary = registry("failover-primary", &["node"]);
     primary.reconfigure(
@@ -854,7 +848,6 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
 
 #[test]
 fn a_registry_that_stops_answering_delays_a_holders_fast_shutdown_by_at_most_a_second() {
-    let _machine = alone();
     let registry = registry("frozen-registry", &[]);
     let node = Node::start(
         "frozen",
@@ -891,7 +884,6 @@ fn signal(processes: &[String], signal: &str) {
 
 #[test]
 fn a_registry_that_never_answers_delays_no_fast_shutdown() {
-    let _machine = alone();
     // Connections complete in the kernel's backlog; nothing ever reads or answers them.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
@@ -917,7 +909,6 @@ fn a_registry_that_never_answers_delays_no_fast_shutdown() {
 
 #[test]
 fn a_silent_first_registry_host_is_given_up_after_its_connect_timeout() {
-    let _machine = alone();
     let registry = registry("second-host-registry", &[]);
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let node = Node::start(
@@ -993,7 +984,6 @@ fn a_silent_first_registry_host_is_given_up_after_its_connect_timeout() {
 
 #[test]
 fn a_node_acts_on_no_claim_before_the_registrys_synchronous_standby_has_it() {
-    let _machine = beside_others();
     // Commits wait for a standby named "absent", which never connects; the registry's own default
     // would not wait at all, but the lease worker's sessions set synchronous_commit = on.
     let registry = Cluster::start(

@@ -9,7 +9,7 @@
 
 use postgres::{Client, NoTls};
 use snowid_cluster_tests::etcd::{signal, EtcdCluster, Process};
-use snowid_cluster_tests::{alone, error_text, free_port, pg_config, Cluster};
+use snowid_cluster_tests::{error_text, free_port, pg_config, Cluster};
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -517,7 +517,6 @@ impl Drop for PatroniCluster {
 
 /// The scenarios of one registry mode, in order, on one Patroni cluster with the fast timing.
 fn switchover_failover_rejoin_and_switch_back(shared_registry: bool) {
-    let _machine = alone();
     let mut cluster = PatroniCluster::start(shared_registry, FAST);
     let PatroniCluster { one, two, mode, .. } = &mut cluster;
     let mode = *mode;
@@ -669,7 +668,6 @@ fn switchover_failover_rejoin_and_switch_back(shared_registry: bool) {
 /// shared registry, where the dead primary's lease has run out by the promotion.
 #[test]
 fn under_patroni_with_its_default_timing_and_a_shared_registry() {
-    let _machine = alone();
     let mut cluster = PatroniCluster::start(true, DEFAULTS);
     let PatroniCluster { one, two, mode, .. } = &mut cluster;
     let application = Application::start(&[&*one, &*two], false);

@@ -5,7 +5,7 @@
 //! the data directory. Every id is collected: all are distinct and increase.
 
 use postgres::Client;
-use snowid_cluster_tests::{alone, error_text, lease_worker_pid, Cluster, Node};
+use snowid_cluster_tests::{error_text, lease_worker_pid, Cluster, Node};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -163,7 +163,6 @@ fn counter(client: &mut Client, column: &str) -> i64 {
 /// lease table on the server, the call that reached the ceiling waited for the worker, about as
 /// long as it was stopped, and every id issued meanwhile is below the ceiling recorded.
 fn stopped_for_five_seconds(registry: Registry) {
-    let _machine = alone();
     let (cluster, mut client, _shared) = leased_server(registry, &[]);
     let pid = lease_worker_pid(&mut client);
     let stop = Duration::from_secs(5);
@@ -259,7 +258,6 @@ fn stopped_for_five_seconds(registry: Registry) {
 
 #[test]
 fn a_statement_timeout_ends_a_wait_at_the_ceiling() {
-    let _machine = alone();
     let (_cluster, mut client, _) = leased_server(Registry::OnTheServer, &[]);
     let pid = lease_worker_pid(&mut client);
     signal(pid, "-STOP");
@@ -290,7 +288,6 @@ fn a_statement_timeout_ends_a_wait_at_the_ceiling() {
 
 #[test]
 fn a_ceiling_that_cannot_be_recorded_is_refused_at_once_naming_why() {
-    let _machine = alone();
     let (cluster, mut client, _) = leased_server(Registry::OnTheServer, &[]);
     // The worker writes the ceiling to a temporary file, then renames it: a directory in its place
     // makes every write fail, as a full disk or a read-only file system would.
@@ -387,7 +384,6 @@ fn ran_out_refusal(seconds: &str) -> String {
 /// lease table on the server) until the deadline, 2.5 s after the last renewal, and are refused
 /// from then on; once the worker runs again, issuing resumes above every id before.
 fn stopped_past_the_deadline(registry: Registry) {
-    let _machine = alone();
     let (cluster, mut client, _shared) = leased_server(registry, &["snowid.lease_ttl = 3"]);
     let pid = lease_worker_pid(&mut client);
     // Stopped just after a renewal, so that the status shows the renewal the deadline counts from.
