@@ -9,7 +9,6 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-env-changed=PGRX_PG_CONFIG_PATH");
     println!("cargo:rerun-if-env-changed=PGRX_HOME");
-    println!("cargo:rerun-if-env-changed=SNOWID_NO_RUNPATH");
     let pg_config =
         pg_config().expect("pgrx's configuration names the pg_config of the major built for");
     let output = Command::new(&pg_config)
@@ -18,10 +17,9 @@ fn main() {
         .unwrap_or_else(|error| panic!("{} --libdir: {error}", pg_config.display()));
     let libdir = String::from_utf8_lossy(&output.stdout).trim().to_string();
     println!("cargo:rustc-link-search=native={libdir}");
-    // A package leaves it out: there, the system's own libpq belongs to its PostgreSQL.
-    if std::env::var_os("SNOWID_NO_RUNPATH").is_none() {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,{libdir}");
-    }
+    // scripts/package.sh removes it from the package's copy: there, the system's own libpq belongs
+    // to its PostgreSQL.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,{libdir}");
 }
 
 /// The pg_config that pgrx builds for: the one cargo-pgrx names, or the one pgrx's configuration

@@ -12,13 +12,16 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 echo "==> building snowid $version for PostgreSQL $major (release)" >&2
 built=$(mktemp -d)
 trap 'rm -rf "$built"' EXIT
-# No runpath: the package's library finds the libpq of the system it is installed on.
-SNOWID_NO_RUNPATH=1 cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$built" >/dev/null
+# The same release build that scripts/test.sh installs and tests, so that building it again is not
+# needed.
+cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$built" >/dev/null
 root="target/deb/postgresql-$major-snowid"
 rm -rf "$root"
 install -d "$root/DEBIAN" "$root/usr/lib/postgresql/$major/lib" "$root/usr/share/postgresql/$major/extension"
 cp -a "$built$("$PG_CONFIG" --pkglibdir)/." "$root/usr/lib/postgresql/$major/lib/"
 cp -a "$built$("$PG_CONFIG" --sharedir)/extension/." "$root/usr/share/postgresql/$major/extension/"
+# No runpath: the package's library finds the libpq of the system it is installed on.
+patchelf --remove-rpath "$root/usr/lib/postgresql/$major/lib/snowid.so"
 install -m 644 sql/snowid--*.sql "$root/usr/share/postgresql/$major/extension/"
 install -d "$root/usr/lib/postgresql/$major/bin"
 install -m 755 contrib/patroni/snowid-on-role-change "$root/usr/lib/postgresql/$major/bin/"
