@@ -5,6 +5,8 @@
 set -euo pipefail
 
 PGRX_VERSION=0.18.0
+NEXTEST_MINIMUM=0.9.91
+NEXTEST_VERSION=0.9.143
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MAJORS=(15 17 18)
 
@@ -26,10 +28,11 @@ pg_config_of() {
 # curl, make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 17 and 18; libcurl4-openssl-dev
 # links snowid to libcurl for the etcd registry; postgresql-15-partman is for the partitioning
 # tests; Patroni and etcd for the failover and etcd registry tests; postgres_exporter and
-# Prometheus (for promtool) for the monitoring tests.
+# Prometheus (for promtool) for the monitoring tests; patchelf takes the runpath out of the Debian
+# package's library.
 packages=(postgresql-15 postgresql-server-dev-15 libpq-dev libcurl4-openssl-dev curl openssl clang libclang-dev pkg-config libssl-dev
     faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev postgresql-15-partman
-    patroni etcd-server etcd-client prometheus-postgres-exporter prometheus)
+    patroni etcd-server etcd-client prometheus-postgres-exporter prometheus patchelf)
 # The client examples (clients/) run under Node.js with npm and Python with venv; Debian's serve
 # where the machine has neither.
 command -v npm >/dev/null || packages+=(nodejs npm)
@@ -52,6 +55,14 @@ command -v cargo >/dev/null || { echo "snowid needs a Rust toolchain (cargo): in
 if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
     echo "==> installing cargo-pgrx $PGRX_VERSION (a few minutes, once)"
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+
+# cargo-nextest runs the cluster tests side by side (tests/cluster/.config/nextest.toml says how),
+# from the version that brought test priorities on.
+if ! printf '%s\n%s\n' "$NEXTEST_MINIMUM" "$(cargo nextest --version 2>/dev/null | sed -n 's/^cargo-nextest \([0-9.]*\).*/\1/p')" |
+    sort -V -C; then
+    echo "==> installing cargo-nextest $NEXTEST_VERSION (a few minutes, once)"
+    cargo install cargo-nextest --version "$NEXTEST_VERSION" --locked
 fi
 
 # The scripts keep a pgrx configuration of their own, naming exactly the majors present here.

@@ -1,11 +1,79 @@
 #!/usr/bin/env bash
-# Runs every snowid test: unit and property tests, #[pg_test]s in a preloaded server, then the
-# cluster tests (settings, concurrency, clock steps, copies, the fleet and etcd registries, SQL regression
-# files, README examples) on PostgreSQL 15, 17 and 18, and the Debian packages (installed on 15).
-# PG_MAJOR=15, 17 or 18 tests that major alone.
-requested=${PG_MAJOR:-}
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+# scripts/test.sh [--all-majors]
+#
+# Without an argument: every snowid test on one PostgreSQL major, 15 (the one Debian 12 ships) unless
+# PG_MAJOR names another: the unit and property tests and the #[pg_test]s (cargo pgrx test), the
+# cluster tests (tests/cluster, side by side under cargo-nextest's default profile), and the Debian
+# package (on 15 also installed, tested and removed).
+#
+# --all-majors, as CI runs it: the same on 15, then on every other major the tier that differs by
+# major: every unit test and #[pg_test], the cluster tests of nextest's per-major profile (which
+# names them and says why, in tests/cluster/.config/nextest.toml), and the package.
+#
+# Every run ends, passed or failed, with where its time went: each step's time and count of tests
+# per major, and the slowest cluster tests (scripts/timings.py).
+set -euo pipefail
+
+usage="usage: scripts/test.sh [--all-majors]"
+all_majors=false
+case "$*" in
+"") ;;
+--all-majors) all_majors=true ;;
+*) echo "$usage" >&2; exit 2 ;;
+esac
+if $all_majors && [ -n "${PG_MAJOR:-}" ]; then
+    echo "scripts/test.sh: --all-majors tests every major; unset PG_MAJOR" >&2
+    exit 2
+fi
+
+scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+times=$(dirname "$scripts")/target/test-times
+rm -rf "$times"
+mkdir -p "$times"
+
+# timed MAJOR STEP COMMAND...: runs COMMAND as the step STEP of MAJOR. Each step's time goes to
+# $times/steps.tsv when it ends, or at exit when it failed.
+timed() {
+    step=("$1" "$2" "$SECONDS")
+    shift 2
+    "$@"
+    end_step
+}
+end_step() {
+    [ ${#step[@]} = 3 ] || return 0
+    printf '%s\t%s\t%s\n' "${step[0]}" "${step[1]}" "$((SECONDS - step[2]))" >>"$times/steps.tsv"
+    step=()
+}
+step=("${PG_MAJOR:-15}" set-up "$SECONDS")
+trap 'end_step; python3 "$scripts/timings.py" "$times"' EXIT
+
+source "$scripts/setup.sh"
+step[0]=$PG_MAJOR
+end_step
 cd "$REPO"
+
+# unit_and_pg_tests MAJOR: the unit and property tests and the #[pg_test]s, in a server that
+# preloads snowid; the output is kept for the count of tests.
+unit_and_pg_tests() {
+    local major=$1 args=()
+    echo "==> PostgreSQL $major: unit, property and #[pg_test] tests"
+    if is_root; then
+        local pgdata=/tmp/snowid-pgrx-test-$major
+        rm -rf "$pgdata" && mkdir -p "$pgdata" && chown postgres:postgres "$pgdata"
+        args=(--runas postgres --pgdata "$pgdata/data")
+    fi
+    cargo pgrx test "pg$major" "${args[@]}" 2>&1 | tee "$times/pgrx-$major.log"
+}
+
+# cluster_tests MAJOR PROFILE: the cluster tests of nextest's PROFILE against the installed snowid;
+# their JUnit report is kept for the times of each test.
+cluster_tests() {
+    local major=$1 profile=$2 status=0
+    echo "==> PostgreSQL $major: cluster tests (nextest profile $profile)"
+    (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo nextest run --release --profile "$profile") || status=$?
+    cp "tests/cluster/target/nextest/$profile/junit.xml" "$times/junit-$major.xml" 2>/dev/null || true
+    return "$status"
+}
 
 # test_package MAJOR: the Debian package holds the library, the control file and every install and
 # upgrade script, and no runpath. On 15, which Debian 12 has, it also replaces the files cargo pgrx
@@ -36,7 +104,7 @@ test_package() {
     as_root rm -f "$("$PG_CONFIG" --pkglibdir)/snowid.so" "$("$PG_CONFIG" --sharedir)"/extension/snowid[.-]*
     "${apt[@]}" install "./$deb" >/dev/null
     local status=0
-    (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo test --release --test regress) || status=$?
+    (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo nextest run --release -E 'binary(regress)') || status=$?
     "${apt[@]}" remove postgresql-15-snowid >/dev/null
     [ "$status" = 0 ] || return "$status"
     local left
@@ -46,20 +114,19 @@ test_package() {
     install_snowid
 }
 
-for major in ${requested:-${MAJORS[*]}}; do
-    use_major "$major"
-    echo "==> PostgreSQL $major: unit, property and #[pg_test] tests"
-    pgrx_test_args=()
-    if is_root; then
-        pgdata=/tmp/snowid-pgrx-test-$major
-        rm -rf "$pgdata" && mkdir -p "$pgdata" && chown postgres:postgres "$pgdata"
-        pgrx_test_args=(--runas postgres --pgdata "$pgdata/data")
-    fi
-    cargo pgrx test "pg$major" "${pgrx_test_args[@]}"
+# test_major MAJOR PROFILE: every step on MAJOR, with the cluster tests of nextest's PROFILE.
+test_major() {
+    local major=$1 profile=$2
+    timed "$major" "PostgreSQL $major ready" use_major "$major"
+    timed "$major" "unit, property and #[pg_test] tests" unit_and_pg_tests "$major"
+    timed "$major" "build and install (release)" install_snowid
+    timed "$major" "cluster tests" cluster_tests "$major" "$profile"
+    timed "$major" "Debian package" test_package "$major"
+}
 
-    install_snowid
-    echo "==> PostgreSQL $major: cluster tests"
-    (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo test --release)
-
-    test_package "$major"
-done
+test_major "$PG_MAJOR" default
+if $all_majors; then
+    for major in "${MAJORS[@]}"; do
+        [ "$major" = "$PG_MAJOR" ] || test_major "$major" per-major
+    done
+fi
