@@ -45,7 +45,8 @@ end_step() {
     step=()
 }
 step=("${PG_MAJOR:-15}" set-up "$SECONDS")
-trap 'end_step; python3 "$scripts/timings.py" "$times"' EXIT
+# The report never changes the run's exit status.
+trap 'end_step; python3 "$scripts/timings.py" "$times" || true' EXIT
 
 source "$scripts/setup.sh"
 step[0]=$PG_MAJOR
@@ -68,10 +69,11 @@ unit_and_pg_tests() {
 # cluster_tests MAJOR PROFILE: the cluster tests of nextest's PROFILE against the installed snowid;
 # their JUnit report is kept for the times of each test.
 cluster_tests() {
-    local major=$1 profile=$2 status=0
+    local major=$1 profile=$2 status=0 report=tests/cluster/target/nextest/$2/junit.xml
     echo "==> PostgreSQL $major: cluster tests (nextest profile $profile)"
+    rm -f "$report"
     (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo nextest run --release --profile "$profile") || status=$?
-    cp "tests/cluster/target/nextest/$profile/junit.xml" "$times/junit-$major.xml" 2>/dev/null || true
+    if [ -f "$report" ]; then cp "$report" "$times/junit-$major.xml"; fi
     return "$status"
 }
 
@@ -90,14 +92,15 @@ test_package() {
         "postgresql/$major/contrib/snowid/prometheus/snowid-alerts.yml"; do
         grep -q "$file\$" <<<"$contents" || { echo "$deb lacks $file" >&2; return 1; }
     done
-    local library
+    local library dynamic
     library=$(mktemp)
     dpkg-deb --fsys-tarfile "$deb" | tar -xO --wildcards '*/snowid.so' >"$library"
-    if readelf -d "$library" | grep -q RUNPATH; then
+    dynamic=$(readelf -d "$library")
+    rm -f "$library"
+    if grep -qE 'RUNPATH|RPATH' <<<"$dynamic"; then
         echo "$deb records a runpath" >&2
         return 1
     fi
-    rm -f "$library"
     [ "$major" = 15 ] || return 0
     local apt=(as_root env DEBIAN_FRONTEND=noninteractive apt-get -y -qq)
     if dpkg -s postgresql-15-snowid >/dev/null 2>&1; then "${apt[@]}" remove postgresql-15-snowid >/dev/null; fi

@@ -20,23 +20,40 @@ def minutes(seconds):
 
 
 def pgrx_tests(log):
-    """How many tests cargo pgrx test passed, from its `test result:` lines."""
+    """How many tests cargo pgrx test ran and how many failed, from its `test result:` lines."""
     if not log.exists():
         return None
-    passed = re.findall(r"test result: \w+\. (\d+) passed", log.read_text(errors="replace"))
-    return sum(int(count) for count in passed) if passed else None
+    results = re.findall(r"test result: \w+\. (\d+) passed; (\d+) failed",
+                         log.read_text(errors="replace"))
+    if not results:
+        return None
+    return (sum(int(passed) + int(failed) for passed, failed in results),
+            sum(int(failed) for _, failed in results))
 
 
 def cluster_tests(report):
-    """Each cluster test's (seconds, binary, name, passed) from a JUnit report."""
-    if not report.exists():
+    """Each cluster test's (seconds, binary, name, passed) from a JUnit report; none from a report
+    that is missing or cut short."""
+    try:
+        cases = list(ElementTree.parse(report).iter("testcase"))
+    except (OSError, ElementTree.ParseError) as error:
+        if report.exists():
+            print(f"(no cluster test times: {report.name} is unreadable: {error})")
         return []
     tests = []
-    for case in ElementTree.parse(report).iter("testcase"):
+    for case in cases:
         binary = case.get("classname").split("::")[-1]
         passed = case.find("failure") is None and case.find("error") is None
         tests.append((float(case.get("time")), binary, case.get("name"), passed))
     return tests
+
+
+def shown(count):
+    """A step's count of tests, (ran, failed), as the table shows it."""
+    if count is None:
+        return ""
+    ran, failed = count
+    return f"{ran} ({failed} failed)" if failed else str(ran)
 
 
 def main(directory):
@@ -45,28 +62,30 @@ def main(directory):
         return
     steps = [line.split("\t") for line in steps_file.read_text().splitlines() if line]
     majors = list(dict.fromkeys(major for major, _, _ in steps))
+    print("\n==> Where the time went")
+    print(f"{'major':>5}  {'step':<40} {'tests':>14}  {'time':>7}")
     cluster = {major: cluster_tests(directory / f"junit-{major}.xml") for major in majors}
     counts = {
         "unit, property and #[pg_test] tests": lambda major: pgrx_tests(directory / f"pgrx-{major}.log"),
-        "cluster tests": lambda major: len(cluster[major]) or None,
+        "cluster tests": lambda major: (
+            (len(cluster[major]), sum(not passed for *_, passed in cluster[major]))
+            if cluster[major] else None),
     }
 
-    print("\n==> Where the time went")
-    print(f"{'major':>5}  {'step':<40} {'tests':>5}  {'time':>7}")
     total = 0
     for major in majors:
-        major_seconds, major_tests = 0, 0
+        major_seconds, major_tests = 0, (0, 0)
         for step_major, step, seconds in steps:
             if step_major != major:
                 continue
             count = counts.get(step, lambda _: None)(major)
             major_seconds += int(seconds)
-            major_tests += count or 0
-            shown = "" if count is None else str(count)
-            print(f"{major:>5}  {step:<40} {shown:>5}  {minutes(int(seconds)):>7}")
-        print(f"{major:>5}  {'all of ' + major:<40} {major_tests:>5}  {minutes(major_seconds):>7}")
+            if count:
+                major_tests = (major_tests[0] + count[0], major_tests[1] + count[1])
+            print(f"{major:>5}  {step:<40} {shown(count):>14}  {minutes(int(seconds)):>7}")
+        print(f"{major:>5}  {'all of ' + major:<40} {shown(major_tests):>14}  {minutes(major_seconds):>7}")
         total += major_seconds
-    print(f"{'':>5}  {'the whole run':<40} {'':>5}  {minutes(total):>7}")
+    print(f"{'':>5}  {'the whole run':<40} {'':>14}  {minutes(total):>7}")
 
     every = [(seconds, major, binary, name, passed)
              for major in majors for seconds, binary, name, passed in cluster[major]]

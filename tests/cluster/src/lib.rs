@@ -620,7 +620,7 @@ pub struct Volume {
 
 impl Volume {
     pub fn new(name: &str) -> Volume {
-        let image = std::env::temp_dir().join(format!("snowid-volume-{name}.img"));
+        let image = volume_path(name).with_extension("img");
         let _ = fs::remove_file(&image);
         run("truncate", &["-s", "512M", &image.display().to_string()]);
         run("mkfs.ext4", &["-q", &image.display().to_string()]);
@@ -630,7 +630,7 @@ impl Volume {
     /// A snapshot of this volume as it is now: the file system frozen, so that it is consistent
     /// on disk, while its blocks are copied.
     pub fn snapshot(&self, name: &str) -> Volume {
-        let image = std::env::temp_dir().join(format!("snowid-volume-{name}.img"));
+        let image = volume_path(name).with_extension("img");
         let mount = self.mount.display().to_string();
         run("fsfreeze", &["--freeze", &mount]);
         let copied = Command::new("cp")
@@ -646,7 +646,7 @@ impl Volume {
     }
 
     fn mount(image: PathBuf, name: &str) -> Volume {
-        let mount = std::env::temp_dir().join(format!("snowid-volume-{name}"));
+        let mount = volume_path(name);
         fs::create_dir_all(&mount).unwrap();
         run(
             "mount",
@@ -666,6 +666,11 @@ impl Volume {
     }
 }
 
+/// Where the volume `name` of this test process lies: its mount point, and beside it its image.
+fn volume_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("snowid-volume-{name}-{}", std::process::id()))
+}
+
 impl Drop for Volume {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.mount).status();
@@ -675,9 +680,9 @@ impl Drop for Volume {
 }
 
 /// Gives this test's thread, and every process and thread it starts from now on (servers, sessions,
-/// builds), the lowest CPU priority. A test that keeps both cores busy (a million ids, four sessions
-/// inserting without pause, a build) then runs on the CPU time that the tests beside it leave idle,
-/// and never stretches the waits of a second or less that they measure.
+/// builds), the lowest CPU priority. A test that keeps both cores busy for long (a million ids, a
+/// build) then runs on the CPU time that the tests beside it leave idle, and never stretches the
+/// waits of a second or less that they measure. Only for a test that measures no time itself.
 pub fn yield_the_cpu() {
     // Linux sets a priority per thread: this one's id is the last part of /proc/thread-self.
     let thread = fs::read_link("/proc/thread-self").unwrap();
@@ -745,19 +750,22 @@ const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
 /// Tests run as processes side by side, so a reservation is a lock on a file named for the port,
 /// which the kernel releases when the process ends, however it ends.
 pub fn free_port() -> u16 {
+    use std::os::unix::fs::PermissionsExt;
     static RESERVED: std::sync::Mutex<Vec<fs::File>> = std::sync::Mutex::new(Vec::new());
     let dir = std::env::temp_dir().join("snowid-test-ports");
-    fs::create_dir_all(&dir).unwrap();
+    if fs::create_dir(&dir).is_ok() {
+        // Open to every user, as /tmp is: tests run as root and as other users on one machine.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
+    }
     let count = TEST_PORTS.end - TEST_PORTS.start;
     // Processes start their search at different places, so that they rarely contend.
     let start = (std::process::id() % u32::from(count)) as u16;
     for step in 0..count {
         let port = TEST_PORTS.start + (start + step) % count;
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(port.to_string()))
+        // A lock needs no write access: a file another user made serves as well.
+        let path = dir.join(port.to_string());
+        let file = fs::File::open(&path)
+            .or_else(|_| fs::OpenOptions::new().append(true).create(true).open(&path))
             .unwrap();
         if file.try_lock().is_ok() && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             RESERVED.lock().unwrap().push(file);

@@ -2,7 +2,7 @@
 //! rows while it is converted, and every insert lands once, the old values stay, and every id
 //! issued after the conversion is above every old one.
 
-use snowid_cluster_tests::{yield_the_cpu, Cluster};
+use snowid_cluster_tests::Cluster;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,6 @@ struct Inserts {
 
 #[test]
 fn converting_a_bigserial_table_under_inserts_loses_and_repeats_nothing() {
-    yield_the_cpu();
     let (cluster, mut admin) = Cluster::start_leased("convert", 17, &[], false);
     admin
         .batch_execute(&format!(
