@@ -1,10 +1,8 @@
-//! The SQL functions: thin wrappers over `layout`, `base32`, `generator` and `refusals`, and the
-//! takeover they ask of the lease worker through shared memory.
+//! The SQL functions: thin wrappers over `layout`, `base32`, `generator` and `refusals`.
 
 use crate::errors::SnowidError;
 use crate::generator::{Clock, IssuingState, Refusal, StampRun, SystemClock, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
-use crate::lease::Fence;
 use crate::refusals::{Attempt, Reason};
 use crate::{base32, gucs, registry, shmem};
 use pgrx::prelude::*;
@@ -59,6 +57,9 @@ impl Issuer {
     }
 
     fn claim(&self, wanted: u32) -> StampRun {
+        if !shmem::postmaster_alive() {
+            SnowidError::PostmasterGone.fatal(self.function)
+        }
         let attempt = self.state.refusals().attempt();
         let issued = self.state.issue(
             &SystemClock,
@@ -165,63 +166,16 @@ fn snowid_wait_ready(timeout: default!(Interval, "'30 seconds'")) -> bool {
     }
 }
 
-/// How often `snowid_wait_ready` looks at the generator, and `snowid_take_over_fenced` for the
-/// lease worker's answer.
+/// How often `snowid_wait_ready` looks at the generator.
 const READY_POLL: Duration = Duration::from_millis(10);
 
-/// How long `snowid_take_over_fenced` waits for the lease worker: its claim's statement limit and
-/// more.
-const TAKEOVER_WAIT: Duration = Duration::from_secs(10);
-
-/// Takes this server's worker id over, at once, from the primary it was promoted after, which the
-/// caller (a failover manager's promotion hook) vouches has been fenced: it issues nothing from now
-/// on. Ids start `snowid.max_clock_skew` from now. Says what was done.
-#[pg_extern(volatile)]
+/// The C function behind `snowid_take_over_fenced()`, which the SQL of snowid 0.6.0 and earlier
+/// declares: installing such a version, to update from it, needs the symbol. No SQL of 0.7.0
+/// declares it.
+#[pg_extern(sql = false)]
 fn snowid_take_over_fenced() -> String {
-    const FUNCTION: &str = "snowid_take_over_fenced";
-    Issuer::get(FUNCTION);
-    if gucs::worker_id().is_none() {
-        SnowidError::TakeoverNeedsWorkerId.raise(FUNCTION)
-    }
-    if shmem::in_recovery() {
-        SnowidError::TakeoverInRecovery.raise(FUNCTION)
-    }
-    let fenced_at_ms =
-        layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or_else(|range| {
-            SnowidError::Refused(Refusal::ClockOutOfRange(range)).raise(FUNCTION)
-        });
-    let asked = shmem::update_lease_status(|status| {
-        status.takeover.asked = status.takeover.asked.wrapping_add(1);
-        status.takeover.fence = Fence {
-            fenced_at_ms,
-            max_skew_ms: gucs::max_clock_skew_ms(),
-        };
-        status.takeover.asked
-    });
-    shmem::wake_lease_worker();
-    let started = Instant::now();
-    loop {
-        let takeover = shmem::lease_status().takeover;
-        // Answered this request, or a later one that carries a later fence.
-        if takeover.answered.wrapping_sub(asked) as i32 >= 0 {
-            let answer = takeover.answer.as_str().to_string();
-            if takeover.failed {
-                SnowidError::TakeoverRefused(answer).raise(FUNCTION)
-            }
-            return answer;
-        }
-        if started.elapsed() >= TAKEOVER_WAIT {
-            SnowidError::TakeoverNoAnswer.raise(FUNCTION)
-        }
-        shmem::LatchWaiter.sleep(READY_POLL);
-    }
+    SnowidError::TakeoverRemoved.raise("snowid_take_over_fenced")
 }
-
-extension_sql!(
-    "REVOKE ALL ON FUNCTION snowid_take_over_fenced() FROM PUBLIC;\n",
-    name = "take_over_fenced_privileges",
-    requires = [snowid_take_over_fenced]
-);
 
 fn decode(id: i64, function: &'static str) -> layout::Decoded {
     layout::decode(id).unwrap_or_else(|negative| SnowidError::NegativeId(negative).raise(function))
@@ -322,6 +276,7 @@ fn snowid_status() -> TableIterator<
         name!(lease_held, bool),
         name!(lease_seconds_left, f64),
         name!(in_recovery, bool),
+        name!(worker_id_held_by, Option<String>),
     ),
 > {
     let Some(state) = shmem::issuing_state() else {
@@ -359,6 +314,7 @@ fn snowid_status() -> TableIterator<
         !lease_left.is_zero(),
         lease_left.as_secs_f64(),
         shmem::in_recovery(),
+        text(lease.worker_id_held_by.as_str()),
     ))
 }
 

@@ -6,6 +6,8 @@
 //!   in the message is gone.
 //! - `25006` read_only_sql_transaction: the server is a standby (in recovery) and issues nothing
 //!   until promoted, as PostgreSQL answers `nextval()` there.
+//! - `57P01` admin_shutdown, FATAL: the postmaster has exited, and the session ends, as PostgreSQL
+//!   ends a session that finds its postmaster gone; a new session reaches a server that issues.
 //! - class 22, data exceptions (`22P02` for text that is not an id's base32 form): the input is
 //!   wrong, and retrying the same call fails the same way.
 
@@ -28,10 +30,8 @@ pub enum SnowidError {
     BatchCountOutOfRange { count: i32, max: u32 },
     InvalidBase32 { text: String, reason: InvalidBase32 },
     NegativeTimeout(String),
-    TakeoverInRecovery,
-    TakeoverNeedsWorkerId,
-    TakeoverRefused(String),
-    TakeoverNoAnswer,
+    PostmasterGone,
+    TakeoverRemoved,
 }
 
 impl SnowidError {
@@ -39,6 +39,12 @@ impl SnowidError {
     pub fn raise(self, function: &'static str) -> ! {
         self.report(function).report(PgLogLevel::ERROR);
         unreachable!("an ERROR report does not return")
+    }
+
+    /// Ends the session with the error, as FATAL.
+    pub fn fatal(self, function: &'static str) -> ! {
+        self.report(function).report(PgLogLevel::FATAL);
+        unreachable!("a FATAL report does not return")
     }
 
     /// Raises a refusal; when it begins an episode of refusals, the server log gets its message
@@ -200,30 +206,20 @@ impl SnowidError {
                 format!("snowid_wait_ready timeout must not be negative, not {timeout}"),
                 function,
             ),
-            SnowidError::TakeoverInRecovery => ErrorReport::new(
-                ERRCODE_READ_ONLY_SQL_TRANSACTION,
-                "snowid cannot take over a worker id on a server in recovery",
+            SnowidError::PostmasterGone => ErrorReport::new(
+                ERRCODE_ADMIN_SHUTDOWN,
+                "snowid refuses to issue ids: the postmaster of this server has exited",
                 function,
             )
-            .set_hint("Run it once this server is promoted; a promotion hook can retry until then."),
-            SnowidError::TakeoverNeedsWorkerId => ErrorReport::new(
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                "snowid takes over only the worker id set in snowid.worker_id",
+            .set_detail("Nothing renews this server's lease without its postmaster, and another server may soon issue under its worker id: a session that outlives its postmaster ends rather than issue beside it.")
+            .set_hint("Connect again: to this server once it has restarted, or to the one that replaced it."),
+            SnowidError::TakeoverRemoved => ErrorReport::new(
+                ERRCODE_FEATURE_NOT_SUPPORTED,
+                "snowid_take_over_fenced() was removed in snowid 0.7.0",
                 function,
             )
-            .set_detail("A server that leases any free worker id takes another one when its own is held."),
-            SnowidError::TakeoverRefused(reason) => ErrorReport::new(
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                format!("snowid did not take the worker id over: {reason}"),
-                function,
-            )
-            .set_hint("This server issues once it holds the lease: after the holder releases it, its lease runs out on a shared registry, or SELECT snowid_handover() once the holder is stopped for good."),
-            SnowidError::TakeoverNoAnswer => ErrorReport::new(
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                "the snowid lease worker did not answer the takeover in time",
-                function,
-            )
-            .set_hint("It goes on with the takeover; snowid_status() and the server log say more."),
+            .set_detail("A worker id belongs to one server: nothing takes it from a holder that may still be issuing.")
+            .set_hint("Give every node its own snowid.worker_id, remove the snowid-on-role-change callback from Patroni's configuration, and run ALTER EXTENSION snowid UPDATE."),
         }
     }
 }

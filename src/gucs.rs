@@ -12,7 +12,6 @@ const WORKER_ID_UNSET: i32 = -1;
 
 static WORKER_ID: GucSetting<i32> = GucSetting::<i32>::new(WORKER_ID_UNSET);
 static MAX_CLOCK_BACKWARD_MS: GucSetting<i32> = GucSetting::<i32>::new(5);
-static MAX_CLOCK_SKEW_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static LEASE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
@@ -39,19 +38,6 @@ pub fn register() {
         &MAX_CLOCK_BACKWARD_MS,
         0,
         10_000,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_int_guc(
-        c"snowid.max_clock_skew",
-        c"How far another server's clock may be ahead of this one's when this server takes its \
-          worker id over.",
-        c"snowid_take_over_fenced() starts this server's ids this long after the moment the old \
-          primary was fenced, and refuses when the old primary's clock was seen further ahead. \
-          Takes effect on reload.",
-        &MAX_CLOCK_SKEW_MS,
-        0,
-        60_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
@@ -115,11 +101,6 @@ pub fn any_worker_id_without_registry() -> bool {
 pub fn max_clock_backward_ms() -> u64 {
     // The setting's range is 0..=10000, so the value is never negative.
     MAX_CLOCK_BACKWARD_MS.get().unsigned_abs().into()
-}
-
-pub fn max_clock_skew_ms() -> u64 {
-    // The setting's range is 0..=60000, so the value is never negative.
-    MAX_CLOCK_SKEW_MS.get().unsigned_abs().into()
 }
 
 pub fn lease_timing() -> Timing {

@@ -179,33 +179,52 @@ pub struct Status {
     /// Set while the worker connects to `snowid.database`: still set at the next start, the
     /// connection failed (the database is missing), and the worker checks before connecting again.
     pub connect_pending: bool,
-    /// The address of the lease worker's latch (see `shmem::own_latch`); 0 while none runs.
-    pub worker_latch: usize,
-    /// The latest takeover asked for (see [`Takeover`]).
-    pub takeover: Takeover,
+    /// On a standby: the server that holds this server's worker id, under which this server could
+    /// not issue once promoted while that server may (see `standby_conflict`); empty when none.
+    pub worker_id_held_by: Text<128>,
 }
 
-/// What a takeover from a fenced primary vouches for: the primary issues nothing after
-/// `fenced_at_ms` (milliseconds since the snowid epoch, by this server's clock), and its clock is at
-/// most `max_skew_ms` ahead of this server's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Fence {
-    pub fenced_at_ms: u64,
-    pub max_skew_ms: u64,
+/// Who holds a standby's worker id, as the standby sees the holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtherHolderIs {
+    /// This server's own name and system identifier: a former data directory of this node (one it
+    /// had before a reinit or a new base backup, crashed as a primary and never released), or a copy.
+    FormerSelf,
+    /// This server's system identifier under another name: its primary, or another copy.
+    SameCluster,
+    Other,
 }
 
-/// A takeover of this server's worker id from a fenced primary, asked for by
-/// `snowid_take_over_fenced()` and carried out by the lease worker with its next claim.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Takeover {
-    /// Counts the takeovers asked for; the worker answers each in turn.
-    pub asked: u32,
-    /// What the caller vouches for.
-    pub fence: Fence,
-    /// The last takeover answered, and how.
-    pub answered: u32,
-    pub failed: bool,
-    pub answer: Text<256>,
+/// What a standby says, once, when another server holds its worker id: two nodes configured with
+/// one worker id, which snowid finds before a promotion makes it matter, or a node rebuilt after a
+/// crash. `local`: the lease table is on the servers themselves.
+pub fn standby_conflict(worker_id: u16, holder: &str, is: OtherHolderIs, local: bool) -> String {
+    let who = match is {
+        OtherHolderIs::FormerSelf => {
+            "this server's own name: a former data directory of this server (replaced by a reinit \
+             or a new base backup after a crash), or a copy of one"
+        }
+        OtherHolderIs::SameCluster => {
+            "a server of this standby's own cluster (its primary, or a copy of it)"
+        }
+        OtherHolderIs::Other => "another server",
+    };
+    let once_promoted = if local {
+        format!("refuses every id until snowid_handover({worker_id}) is run on it, once {holder} is stopped for good")
+    } else {
+        format!("waits until the lease of {holder} runs out, and starts above every id it issued")
+    };
+    let advice = match is {
+        OtherHolderIs::FormerSelf => format!(
+            "once no server runs that data directory, run snowid_handover({worker_id}) on the primary"
+        ),
+        OtherHolderIs::SameCluster | OtherHolderIs::Other => {
+            "give every node its own snowid.worker_id".to_string()
+        }
+    };
+    format!(
+        "worker id {worker_id} of this standby is held by {holder}, {who}: once promoted, this server {once_promoted}; {advice}"
+    )
 }
 
 /// Why an id was refused, for a server whose gate is closed or whose lease ran out. `worker_id` is
@@ -349,16 +368,14 @@ pub struct ClaimRow {
     pub renewal: Option<bool>,
     pub released: Option<bool>,
     pub tenure: Option<i64>,
-    /// For a takeover: the holder taken over from.
-    pub taken_from: Option<String>,
 }
 
 impl ClaimRow {
-    /// The row as a remote registry returns it: eleven fields of PostgreSQL's text output.
+    /// The row as a remote registry returns it: ten fields of PostgreSQL's text output.
     pub fn from_text(fields: &[Option<String>]) -> Result<ClaimRow, String> {
-        if fields.len() != 11 {
+        if fields.len() != 10 {
             return Err(format!(
-                "the registry returned {} columns, not 11",
+                "the registry returned {} columns, not 10",
                 fields.len()
             ));
         }
@@ -388,7 +405,6 @@ impl ClaimRow {
             renewal: parse(&fields[7])?,
             released: parse(&fields[8])?,
             tenure: parse(&fields[9])?,
-            taken_from: fields[10].clone(),
         })
     }
 
@@ -462,23 +478,22 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// lease of another holder may be taken, this server's timeline. One row, read as a [`ClaimRow`].
 pub const CLAIM_SQL: &str =
     "SELECT $1::pg_catalog.int4, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
-            continued, renewal, released, tenure, NULL::pg_catalog.text \
+            continued, renewal, released, tenure \
      FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// Claims a lease on any free worker id of a shared registry. Parameters: as `CLAIM_SQL` without
 /// the worker id and whether expired leases may be taken (they may). Row: as `CLAIM_SQL`.
 pub const CLAIM_ANY_SQL: &str =
     "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
-            continued, renewal, released, tenure, NULL::pg_catalog.text \
+            continued, renewal, released, tenure \
      FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6)";
 
-/// Takes a worker id over from the fenced primary that holds it, or claims it as `CLAIM_SQL` does.
-/// Parameters: as `CLAIM_SQL`, then when the primary was fenced (ms since the snowid epoch) and how
-/// far ahead of this server's its clock may be (ms). Row: as `CLAIM_SQL`.
-pub const TAKE_OVER_SQL: &str =
-    "SELECT $1::pg_catalog.int4, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
-            continued, renewal, released, tenure, taken_from \
-     FROM snowid.lease_take_over($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+/// Who else holds a worker id, for a standby. Parameters: worker id, this server's holder, whether
+/// only a lease that runs counts (on a shared registry). Row, if any: the holder's name and holder.
+pub const OTHER_HOLDER_SQL: &str =
+    "SELECT coalesce(holder_name, holder), holder FROM snowid.worker_lease \
+     WHERE worker_id = $1 AND holder IS NOT NULL AND holder <> $2 \
+       AND (NOT $3 OR expires_at > pg_catalog.clock_timestamp())";
 
 /// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark,
 /// timeline.
@@ -517,7 +532,6 @@ mod tests {
             Some("f"),
             None,
             Some("1798761600000123"),
-            Some("node0@db1:5432"),
         ]
         .iter()
         .map(|field| field.map(str::to_string))
@@ -534,16 +548,31 @@ mod tests {
             (Some(false), Some(false), None)
         );
         assert_eq!(row.tenure, Some(1_798_761_600_000_123));
-        assert_eq!(row.taken_from.as_deref(), Some("node0@db1:5432"));
         assert_eq!(
-            ClaimRow::from_text(&fields[..10]).unwrap_err(),
-            "the registry returned 10 columns, not 11"
+            ClaimRow::from_text(&fields[..9]).unwrap_err(),
+            "the registry returned 9 columns, not 10"
         );
         let mut wrong = fields.clone();
         wrong[1] = Some("yes".into());
         assert_eq!(
             ClaimRow::from_text(&wrong).unwrap_err(),
             "the registry returned \"yes\" where snowid expects a number or a boolean"
+        );
+    }
+
+    #[test]
+    fn a_standby_says_who_holds_its_worker_id_and_what_a_promotion_would_meet() {
+        assert_eq!(
+            standby_conflict(5, "pg@node1:5432", OtherHolderIs::SameCluster, true),
+            "worker id 5 of this standby is held by pg@node1:5432, a server of this standby's own cluster (its primary, or a copy of it): once promoted, this server refuses every id until snowid_handover(5) is run on it, once pg@node1:5432 is stopped for good; give every node its own snowid.worker_id"
+        );
+        assert_eq!(
+            standby_conflict(7, "db9:5432", OtherHolderIs::Other, false),
+            "worker id 7 of this standby is held by db9:5432, another server: once promoted, this server waits until the lease of db9:5432 runs out, and starts above every id it issued; give every node its own snowid.worker_id"
+        );
+        assert_eq!(
+            standby_conflict(1, "pg@node1:5432", OtherHolderIs::FormerSelf, true),
+            "worker id 1 of this standby is held by pg@node1:5432, this server's own name: a former data directory of this server (replaced by a reinit or a new base backup after a crash), or a copy of one: once promoted, this server refuses every id until snowid_handover(1) is run on it, once pg@node1:5432 is stopped for good; once no server runs that data directory, run snowid_handover(1) on the primary"
         );
     }
 
@@ -586,7 +615,6 @@ mod tests {
             renewal: Some(false),
             released: Some(false),
             tenure: Some(1_795_953_600_000_000),
-            taken_from: None,
         }
     }
 

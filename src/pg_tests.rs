@@ -182,10 +182,10 @@ mod tests {
         assert_eq!(markings, 7);
         let volatile: i64 = one(
             "SELECT count(*) FROM pg_proc
-              WHERE proname IN ('snowid_next', 'snowid_next_batch', 'snowid_status', 'snowid_wait_ready', 'snowid_convert_column', 'snowid_take_over_fenced')
+              WHERE proname IN ('snowid_next', 'snowid_next_batch', 'snowid_status', 'snowid_wait_ready', 'snowid_convert_column')
                 AND provolatile = 'v'",
         );
-        assert_eq!(volatile, 6);
+        assert_eq!(volatile, 5);
     }
 
     #[pg_test]
@@ -204,8 +204,7 @@ mod tests {
             "snowid_next_batch(count integer) -> SETOF bigint",
             "snowid_refusals() -> TABLE(reason text, calls bigint)",
             "snowid_sequence(id bigint) -> integer",
-            "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint, lease_state text, lease_holder text, lease_expires_at timestamp with time zone, registry text, high_water_mark timestamp with time zone, last_error text, ceiling_waits bigint, refused_calls bigint, lease_held boolean, lease_seconds_left double precision, in_recovery boolean)",
-            "snowid_take_over_fenced() -> text",
+            "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint, lease_state text, lease_holder text, lease_expires_at timestamp with time zone, registry text, high_water_mark timestamp with time zone, last_error text, ceiling_waits bigint, refused_calls bigint, lease_held boolean, lease_seconds_left double precision, in_recovery boolean, worker_id_held_by text)",
             "snowid_timestamp(id bigint) -> timestamp with time zone",
             "snowid_to_base32(id bigint) -> text",
             "snowid_wait_ready(timeout interval DEFAULT '00:00:30'::interval) -> boolean",
@@ -475,123 +474,112 @@ mod tests {
             error_of("SELECT snowid_handover(17)"),
             "42501: permission denied for function snowid_handover"
         );
-        assert_eq!(
-            error_of(
-                "SELECT snowid.lease_take_over(5, 'me', 'now', 'me:1', 30000, 0, true, 2, 0, 1000)"
-            ),
-            "42501: permission denied for function lease_take_over"
-        );
-        assert_eq!(
-            error_of("SELECT snowid_take_over_fenced()"),
-            "42501: permission denied for function snowid_take_over_fenced"
-        );
     }
 
-    #[pg_test]
-    fn a_takeover_of_its_own_lease_is_an_ordinary_claim() {
-        wait_for_lease();
-        assert_eq!(
-            one::<String>("SELECT snowid_take_over_fenced()"),
-            "worker id 17 needed no takeover: it was free, released or this server's already"
-        );
-        assert_eq!(one::<i32>("SELECT snowid_worker_id(snowid_next())"), 17);
-    }
-
-    /// Inserts a lease row for worker id `worker_id` held by `holder` named `name`, who claimed it
-    /// on timeline `timeline` with its clock at `clock_ahead_ms` from now, and reserved 30 s beyond
-    /// a clock `reserved_ahead_ms` from now.
-    fn held_row(
-        worker_id: i32,
-        holder: &str,
-        name: &str,
-        timeline: &str,
-        clock_ahead_ms: i64,
-        reserved_ahead_ms: i64,
-    ) {
+    /// Inserts a lease row for worker id `worker_id` held by `holder` named `name`, whose lease
+    /// ends `expires_in_ms` from now and whose mark lies 30 s ahead.
+    fn held_row(worker_id: i32, holder: &str, name: &str, expires_in_ms: i64) {
         Spi::run(&format!(
             "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, holder_name, renewed_at,
-                 expires_at, high_water_ms, holder_role, acquired_mark_ms, holder_timeline, holder_clock_ms)
+                 expires_at, high_water_ms, holder_role, acquired_mark_ms)
              SELECT {worker_id}, '{holder}', 'run', '{name}', clock_timestamp(),
-                 clock_timestamp() + interval '30 seconds', now_ms + {reserved_ahead_ms} + 30000,
-                 current_user, 1000, {timeline}, now_ms + {clock_ahead_ms}
+                 clock_timestamp() + {expires_in_ms} * interval '1 millisecond', now_ms + 30000,
+                 current_user, 1000
                FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 AS now_ms) n"
         ))
         .unwrap();
     }
 
-    /// `snowid.lease_take_over` of `worker_id` by holder `111-new` on timeline 2, fenced now with a
-    /// skew of 1 s: granted, floor_ms less the fence, taken_from.
-    const TAKE_OVER: &str = "SELECT granted, floor_ms - fence, taken_from
-           FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 AS fence) f,
-                snowid.lease_take_over($1, '111-new', 'inc', 'pg@db2:5432', 30000,
-                                       f.fence + 30000, false, 2, f.fence, 1000)";
-
-    #[pg_test]
-    fn a_fenced_primary_of_the_same_cluster_is_taken_over_above_the_fence() {
-        held_row(910, "111-old", "pg@db1:5432", "1", 0, 0);
-        let mark_before: i64 =
-            one("SELECT high_water_ms FROM snowid.worker_lease WHERE worker_id = 910");
-        let (granted, above_fence, taken_from) =
-            Spi::get_three_with_args::<bool, i64, String>(TAKE_OVER, &[910.into()]).unwrap();
-        assert_eq!(
-            (granted, above_fence, taken_from.as_deref()),
-            (Some(true), Some(1000), Some("pg@db1:5432"))
-        );
-        let row: (Option<String>, Option<bool>, Option<bool>) = Spi::get_three_with_args(
-            "SELECT holder || ' ' || holder_timeline, high_water_ms >= $1,
-                    acquired_mark_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000
-               FROM snowid.worker_lease WHERE worker_id = 910",
-            &[mark_before.into()],
-        )
-        .unwrap();
-        // The mark never goes down; the new holder's release goes no lower than where it starts.
-        assert_eq!(row, (Some("111-new 2".into()), Some(true), Some(true)));
-        // A free row is claimed as lease_claim claims it.
-        let (granted, _, taken_from) =
-            Spi::get_three_with_args::<bool, i64, String>(TAKE_OVER, &[911.into()]).unwrap();
-        assert_eq!((granted, taken_from), (Some(true), None));
+    /// `snowid.lease_claim` of `worker_id` by holder `111-new`, another server of the holder's
+    /// cluster on a later timeline (a standby promoted after it, say), expired leases taken over
+    /// or not: granted, and the floor less the row's mark or the holder named.
+    fn claim_by_another_server(worker_id: i32, takeover_on_expiry: bool) -> String {
+        one(&format!(
+            "SELECT concat_ws(' ', c.granted::text, c.floor_ms - l.high_water_ms, c.holder_name)
+               FROM snowid.worker_lease l,
+                    snowid.lease_claim({worker_id}, '111-new', 'inc', 'pg@db2:5432', 30000,
+                        (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + 30000,
+                        {takeover_on_expiry}, 2) c
+              WHERE l.worker_id = {worker_id}"
+        ))
     }
 
     #[pg_test]
-    fn a_takeover_is_refused_from_another_cluster_a_later_timeline_an_old_claim_or_a_clock_ahead() {
-        held_row(912, "222-other", "pg@db1:5432", "1", 0, 0);
-        held_row(913, "111-old", "pg@db1:5432", "2", 0, 0);
-        held_row(914, "111-old", "pg@db1:5432", "NULL", 0, 0);
-        held_row(915, "111-old", "pg@db1:5432", "1", 5000, 5000);
-        // A clock that ran a minute ahead earlier in the holder's tenure, and went back since.
-        held_row(916, "111-old", "pg@db1:5432", "1", 0, 60000);
-        // The same system identifier in another Patroni cluster (a standby cluster, promoted).
-        held_row(917, "111-old", "dr@db9:5432", "1", 0, 0);
-        let take_over = |worker_id: i32| error_of(&TAKE_OVER.replace("$1", &worker_id.to_string()));
-        for (worker_id, name) in [(912, "pg@db1:5432"), (917, "dr@db9:5432")] {
+    fn a_worker_id_is_granted_to_no_other_server_while_its_holder_may_issue() {
+        // Held by another server of the same cluster, its lease running for 30 s more.
+        held_row(910, "111-old", "pg@db1:5432", 30_000);
+        for takeover_on_expiry in [true, false] {
             assert_eq!(
-                take_over(worker_id),
-                format!("55000: worker id {worker_id} is held by {name}, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster (the same system identifier and cluster_name)")
+                claim_by_another_server(910, takeover_on_expiry),
+                "false pg@db1:5432"
             );
         }
-        assert_eq!(
-            take_over(913),
-            "55000: worker id 913 is held by pg@db1:5432, on timeline 2, not before this server's timeline 2: it is not a primary this server was promoted after"
-        );
-        assert_eq!(
-            take_over(914),
-            "55000: worker id 914 is held by pg@db1:5432, which claimed it with a snowid older than 0.5.0 and recorded neither its timeline nor its clock"
-        );
-        for (worker_id, ahead) in [(915, 5000), (916, 60000)] {
-            let skew = take_over(worker_id);
-            let ahead_ms: i64 = skew
-                .strip_prefix(&format!("55000: the clock of pg@db1:5432, which holds worker id {worker_id}, read "))
-                .and_then(|rest| rest.strip_suffix(" ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"))
-                .and_then(|ms| ms.parse().ok())
-                .unwrap_or_else(|| panic!("{skew}"));
-            assert!((ahead - 10..=ahead + 10).contains(&ahead_ms), "{skew}");
-        }
+        // Its lease ran out: a shared registry, which sees every renewal, grants the row above the
+        // mark; the lease table on the server, which cannot, does not.
+        held_row(911, "111-old", "pg@db1:5432", -1);
+        assert_eq!(claim_by_another_server(911, false), "false pg@db1:5432");
+        assert_eq!(claim_by_another_server(911, true), "true 0 pg@db2:5432");
         let holders: String = one(
-            "SELECT string_agg(holder, ',' ORDER BY worker_id) FROM snowid.worker_lease WHERE worker_id BETWEEN 912 AND 917",
+            "SELECT string_agg(holder, ',' ORDER BY worker_id) FROM snowid.worker_lease WHERE worker_id IN (910, 911)",
         );
+        assert_eq!(holders, "111-old,111-new");
+    }
+
+    /// Who else holds `worker_id` for a standby whose holder is `111-me`, as the lease worker asks
+    /// with `OTHER_HOLDER_SQL`, only running leases counting or every held row.
+    fn other_holder(worker_id: i32, running_only: bool) -> Option<String> {
+        Spi::connect(|client| {
+            let table = client.select(
+                &crate::lease::OTHER_HOLDER_SQL
+                    .replace("$1", &worker_id.to_string())
+                    .replace("$2", "'111-me'")
+                    .replace("$3", &running_only.to_string()),
+                None,
+                &[],
+            )?;
+            table
+                .into_iter()
+                .map(|row| {
+                    Ok(format!(
+                        "{} {}",
+                        row.get::<String>(1)?.unwrap(),
+                        row.get::<String>(2)?.unwrap()
+                    ))
+                })
+                .collect::<Result<Vec<_>, pgrx::spi::SpiError>>()
+        })
+        .unwrap()
+        .pop()
+    }
+
+    #[pg_test]
+    fn a_standby_sees_the_other_holders_of_its_worker_id_never_itself() {
+        held_row(920, "111-me", "pg@db2:5432", 30_000);
+        held_row(921, "111-old", "pg@db1:5432", 30_000);
+        held_row(922, "111-old", "pg@db1:5432", -1);
+        held_row(923, "111-old", "pg@db1:5432", 30_000);
+        Spi::run("UPDATE snowid.worker_lease SET holder_name = NULL WHERE worker_id = 923")
+            .unwrap();
+        Spi::run("INSERT INTO snowid.worker_lease (worker_id, high_water_ms, released_by, released_timeline) VALUES (924, 1000, '111-old', 1)").unwrap();
+        for running_only in [true, false] {
+            assert_eq!(other_holder(920, running_only), None);
+            assert_eq!(
+                other_holder(921, running_only).as_deref(),
+                Some("pg@db1:5432 111-old")
+            );
+            // A holder without a name (recorded by 0.2.0) is named by its holder.
+            assert_eq!(
+                other_holder(923, running_only).as_deref(),
+                Some("111-old 111-old")
+            );
+            assert_eq!(other_holder(924, running_only), None);
+        }
+        // A lease that ran out: nobody's on a shared registry, which asks for running leases only;
+        // on the server's own table, still its holder's until released or handed over.
+        assert_eq!(other_holder(922, true), None);
         assert_eq!(
-            holders, "222-other,111-old,111-old,111-old,111-old,111-old",
-            "nothing taken"
+            other_holder(922, false).as_deref(),
+            Some("pg@db1:5432 111-old")
         );
     }
 

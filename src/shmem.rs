@@ -104,6 +104,27 @@ pub fn absorb_barriers() {
     }
 }
 
+// pmsignal.h, which pgrx's bindings leave out. On Linux the kernel signals every process of the
+// server when the postmaster dies (PR_SET_PDEATHSIG), and the handler sets the flag.
+extern "C-unwind" {
+    // Mutable: the server's signal handler writes it.
+    static mut postmaster_possibly_dead: std::ffi::c_int;
+    fn PostmasterIsAliveInternal() -> bool;
+}
+
+/// Whether the postmaster still runs: PostgreSQL's `PostmasterIsAlive()`, which reads a flag and
+/// asks the kernel only once the flag is set, so that it costs a read on the hot path.
+pub fn postmaster_alive() -> bool {
+    // SAFETY: the flag is a sig_atomic_t of the server's that its signal handler sets; a volatile
+    // read through a raw pointer (no reference to the mutable static) sees the handler's store. PostmasterIsAliveInternal only reads the postmaster-alive
+    // pipe that every process of the server inherits, and resets the flag; both exist in every
+    // server built for Linux, the only platform snowid is built for.
+    unsafe {
+        std::ptr::read_volatile(std::ptr::addr_of!(postmaster_possibly_dead)) == 0
+            || PostmasterIsAliveInternal()
+    }
+}
+
 /// Whether this server is replaying WAL: a standby, or a server still recovering.
 pub fn in_recovery() -> bool {
     // SAFETY: RecoveryInProgress only reads shared state the startup process maintains.
@@ -178,26 +199,6 @@ pub fn exit_for_restart() -> ! {
         // calls it outside any transaction, holding no lock.
         unsafe { pg_sys::proc_exit(1) };
         unreachable!("proc_exit returned")
-    }
-}
-
-/// The address of this process's latch in its PGPROC, for others to set: the lease worker records
-/// it so that backends can wake it.
-pub fn own_latch() -> usize {
-    // SAFETY: MyProc is this process's PGPROC, set up before any extension code runs in a process
-    // attached to shared memory; only the address of its latch is taken.
-    unsafe { std::ptr::addr_of_mut!((*pg_sys::MyProc).procLatch) as usize }
-}
-
-/// Sets the lease worker's latch, so that it looks at the lease status at once.
-pub fn wake_lease_worker() {
-    let latch = lease_status().worker_latch;
-    if latch != 0 {
-        // SAFETY: the address is of a latch in the PGPROC array, which lives in shared memory at
-        // the same address in every process of the server. Setting a PGPROC's latch is how
-        // PostgreSQL itself wakes another process; should the worker have exited and its PGPROC
-        // gone to another process, that process only wakes once for nothing.
-        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) }
     }
 }
 

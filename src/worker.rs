@@ -4,6 +4,10 @@
 //! generator's gate while the lease holds (see `lease` and `ceiling` for the rules) and records what
 //! the registry said, for refusals and `snowid_status()`.
 //!
+//! On a standby it claims nothing: it watches its worker id in the registry, and says so when another
+//! server holds it (two nodes configured with one worker id), since once promoted this server could
+//! not issue under it while that server may. It claims as soon as the promotion ends recovery.
+//!
 //! Terminated (`pg_terminate_backend`) or failed, the worker exits without touching the lease: the
 //! gate stays open until the lease's deadline, and the postmaster starts a new worker at once, which
 //! renews the same lease. Only a server shutdown releases it.
@@ -11,7 +15,7 @@
 use crate::ceiling::Ceiling;
 use crate::claimant::Claimant;
 use crate::generator::{Clock, Grant, IssuingState, SystemClock};
-use crate::lease::{self, Claim, Fence, State, Text, Timing};
+use crate::lease::{self, Claim, State, Text, Timing};
 use crate::registry::Registry;
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, shmem};
@@ -33,7 +37,8 @@ pub fn register() {
         .set_library("snowid")
         .set_function("snowid_lease_worker_main")
         .enable_spi_access()
-        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        // On a standby too, to watch its worker id (see `watch_as_standby`).
+        .set_start_time(BgWorkerStartTime::ConsistentState)
         // At once: `throttle_restarts` keeps a worker that fails as it starts from spinning.
         .set_restart_time(Some(Duration::ZERO))
         .load();
@@ -84,31 +89,28 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         holding: None,
         slowness: Slowness::default(),
     };
-    shmem::update_lease_status(|status| status.worker_latch = shmem::own_latch());
+    let mut next_look_ns = 0;
+    while shmem::in_recovery() {
+        if SystemClock.monotonic_ns() >= next_look_ns {
+            worker.watch_as_standby();
+            next_look_ns =
+                SystemClock.monotonic_ns() + worker.timing.renew_every().as_nanos() as u64;
+        }
+        if !signals::wait(PROMOTION_POLL) {
+            return stop(state, Some(&mut worker));
+        }
+    }
+    // Promoted: a holder of the worker id shows in the lease's state from now on.
+    shmem::update_lease_status(|status| status.worker_id_held_by = Text::default());
     let mut next_claim_ns = 0;
     loop {
-        let takeover = shmem::lease_status().takeover;
-        let asked = (takeover.asked != takeover.answered).then_some(takeover.fence);
-        if asked.is_some() || SystemClock.monotonic_ns() >= next_claim_ns {
+        if SystemClock.monotonic_ns() >= next_claim_ns {
             let sent_ns = SystemClock.monotonic_ns();
-            let (retry_after, outcome) = worker.claim(sent_ns, asked);
-            next_claim_ns = sent_ns + retry_after.as_nanos() as u64;
-            if asked.is_some() {
-                shmem::update_lease_status(|status| {
-                    status.takeover.answered = takeover.asked;
-                    status.takeover.failed = outcome.is_err();
-                    status.takeover.answer = Text::new(outcome.as_ref().unwrap_or_else(|e| e));
-                });
-            }
+            next_claim_ns = sent_ns + worker.claim(sent_ns).as_nanos() as u64;
         }
         let mut pause_ns = next_claim_ns.saturating_sub(SystemClock.monotonic_ns());
         if let Some(check_every) = worker.keep_ceiling() {
             pause_ns = pause_ns.min(check_every.as_nanos() as u64);
-        }
-        // A takeover asked for meanwhile, whose wake a registry call may have swallowed.
-        let takeover = shmem::lease_status().takeover;
-        if takeover.asked != takeover.answered {
-            pause_ns = 0;
         }
         let pause = Duration::from_nanos(pause_ns);
         let paused = Instant::now();
@@ -122,6 +124,9 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     }
     stop(state, Some(&mut worker));
 }
+
+/// How often a standby's worker looks whether it was promoted, to claim at once.
+const PROMOTION_POLL: Duration = Duration::from_millis(50);
 
 /// Whether the worker is being held up: a renewal or a ceiling write that took long, or a wake-up
 /// that came late (the process stopped, or starved of CPU). Each episode gets one WARNING; an
@@ -182,21 +187,51 @@ struct LeaseWorker {
 }
 
 impl LeaseWorker {
-    /// Claims the lease (with `fence`, takes the configured worker id over from the fenced
-    /// primary that holds it), acts on the answer, and says when to claim again and what came of
-    /// it, for a takeover's caller.
-    fn claim(&mut self, sent_ns: u64, fence: Option<Fence>) -> (Duration, Result<String, String>) {
+    /// On a standby: records who else holds the configured worker id, which this server could not
+    /// issue under once promoted while that server may, warning once when that begins; the status
+    /// keeps the registry's last error meanwhile.
+    fn watch_as_standby(&mut self) {
+        let Some(worker_id) = self.configured else {
+            return;
+        };
+        match self.registry.other_holder(&self.me, worker_id, self.timing) {
+            Ok(other) => {
+                // Compared as stored, so that a name longer than the status keeps is not news at
+                // every look.
+                let name = Text::new(other.as_ref().map_or("", |other| other.name.as_str()));
+                let begins = shmem::update_lease_status(|status| {
+                    status.last_error = Text::default();
+                    let begins = !name.as_str().is_empty()
+                        && status.worker_id_held_by.as_str() != name.as_str();
+                    status.worker_id_held_by = name;
+                    begins
+                });
+                if let (true, Some(other)) = (begins, other) {
+                    warning!(
+                        "snowid: {}",
+                        lease::standby_conflict(
+                            worker_id,
+                            &other.name,
+                            other.is,
+                            self.registry.is_local()
+                        )
+                    );
+                }
+            }
+            Err(error) => {
+                shmem::update_lease_status(|status| status.last_error = Text::new(&error));
+            }
+        }
+    }
+
+    /// Claims the lease, acts on the answer, and says when to claim again.
+    fn claim(&mut self, sent_ns: u64) -> Duration {
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
         let reserve_until_ms = now_ms + self.timing.ttl.as_millis() as u64;
         let asked = Instant::now();
-        let claiming = if fence.is_some() {
-            self.configured
-        } else {
-            self.claiming
-        };
         let answer = self
             .registry
-            .claim(&self.me, claiming, self.timing, reserve_until_ms, fence);
+            .claim(&self.me, self.claiming, self.timing, reserve_until_ms);
         if answer.is_ok() {
             self.inherited = None;
             // A failed claim is logged as such.
@@ -215,7 +250,6 @@ impl LeaseWorker {
                     renewal,
                     tenure,
                 },
-                taken_from,
             )) => {
                 let own_ceiling = self
                     .recorded
@@ -255,27 +289,15 @@ impl LeaseWorker {
                     status.applied_tenure = Some(tenure);
                     status.last_error = Text::default();
                 });
-                let outcome = match taken_from {
-                    Some(holder) => format!(
-                        "worker id {worker_id} taken over from {holder}; ids start at {}",
-                        lease::format_unix_ms(
-                            layout::EPOCH_UNIX_MS + floor_ms.unwrap_or(0) as i64
-                        )
-                    ),
-                    None => format!(
-                        "worker id {worker_id} needed no takeover: it was free, released or this server's already"
-                    ),
-                };
-                (self.timing.renew_every(), Ok(outcome))
+                self.timing.renew_every()
             }
             Ok((
-                worker_id,
+                _,
                 Claim::HeldByOther {
                     holder,
                     expires_at,
                     released,
                 },
-                _,
             )) => {
                 // The state first: a caller refused once the gate is closed reads why.
                 let handover_needed = self.registry.is_local();
@@ -289,14 +311,9 @@ impl LeaseWorker {
                     status.last_error = Text::default();
                 });
                 self.lose_lease();
-                let worker_id =
-                    worker_id.map_or("the worker id".into(), |id| format!("worker id {id}"));
-                (
-                    self.timing.retry_every(),
-                    Err(format!("{worker_id} stays with {holder}")),
-                )
+                self.timing.retry_every()
             }
-            Ok((worker_id, Claim::MarkBeyondLayout { high_water_ms }, _)) => {
+            Ok((worker_id, Claim::MarkBeyondLayout { high_water_ms })) => {
                 let error = format!(
                     "its high-water mark, {high_water_ms} ms after 2026-01-01, lies beyond 2095-09-07 15:47:35.551 UTC, the last time ids can hold"
                 );
@@ -306,14 +323,12 @@ impl LeaseWorker {
                     status.last_error = Text::new(&error);
                 });
                 self.lose_lease();
-                (self.timing.retry_every(), Err(error))
+                self.timing.retry_every()
             }
-            Ok((None, Claim::Granted { .. }, _)) => {
+            Ok((None, Claim::Granted { .. })) => {
                 unreachable!("a granted lease names its worker id")
             }
-            Err(error) if signals::shutting_down() => (Duration::ZERO, Err(error)),
-            // A refused takeover leaves the lease as the registry has it; the next claim follows.
-            Err(error) if fence.is_some() => (self.timing.retry_every(), Err(error)),
+            Err(_) if signals::shutting_down() => Duration::ZERO,
             Err(error) => {
                 let first_failure = shmem::update_lease_status(|status| {
                     if status.state != State::Starting {
@@ -329,7 +344,7 @@ impl LeaseWorker {
                 if first_failure {
                     log!("snowid lease worker could not claim the lease, and tries again every second: {error}");
                 }
-                (self.timing.retry_every(), Err(error))
+                self.timing.retry_every()
             }
         }
     }
@@ -483,7 +498,6 @@ fn throttle_restarts() -> bool {
 /// On SIGTERM: a worker terminated alone leaves for a new one to take over; at a shutdown, it closes
 /// the gate and releases the lease, lowering the mark to just above the last id issued.
 fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
-    shmem::update_lease_status(|status| status.worker_latch = 0);
     signals::leave_unless_server_stopping();
     shmem::update_lease_status(|status| status.state = State::Released);
     let high_water_ms = state.close_gate(&SystemClock);

@@ -3,8 +3,8 @@
 //!
 //! - `PREFIX/workers/N`: the holder's name, bound to an etcd lease of `snowid.lease_ttl`;
 //! - `PREFIX/holders/N`: who holds it, for snowid (system identifier and data directory, run of
-//!   the server, timeline, clock, when it took the key and the mark it took it at), in JSON, bound
-//!   to the same etcd lease;
+//!   the server, when it took the key and the mark it took it at), in JSON, bound to the same etcd
+//!   lease;
 //! - `PREFIX/marks/N`: the high-water mark in milliseconds since 2026-01-01, bound to no lease.
 //!
 //! Every change is a transaction that compares the three keys' revisions with those just read, so
@@ -13,14 +13,14 @@
 //! transaction that raises the mark; a release is a transaction (the mark lowered to the last id,
 //! never below the mark the holder took the key at, and both leased keys deleted), then a revoke.
 //! The rules are those of the PostgreSQL registry (see `lease`): the deadline counted from when the
-//! claim was sent, the next holder starting above the mark, a restart of the holder taking its key
-//! back at once, and takeovers from a fenced primary of the same cluster.
+//! claim was sent, the next holder starting above the mark, and a restart of the holder taking its
+//! key back at once. A key another server holds is never taken before its etcd lease runs out.
 
 pub mod gateway;
 pub mod setting;
 
 use crate::layout::EPOCH_UNIX_MS;
-use crate::lease::{ClaimRow, Fence};
+use crate::lease::ClaimRow;
 use gateway::{decode, encode, is_not_found, Failure, Gateway, Reply};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -42,10 +42,8 @@ pub struct Request<'a> {
     pub ttl: Duration,
     /// Milliseconds since the snowid epoch that this holder's ids stay below.
     pub reserve_until_ms: u64,
-    pub timeline: u64,
     /// This server's clock, in Unix microseconds.
     pub now_unix_us: i64,
-    pub fence: Option<Fence>,
 }
 
 /// Who holds a worker id, as `PREFIX/holders/N` records it.
@@ -58,12 +56,6 @@ pub struct Holder {
     pub tenure: i64,
     /// The mark when the holder took the key: its release never lowers the mark below it.
     pub acquired_mark_ms: u64,
-    pub timeline: u64,
-    /// The holder's clock at its last claim, in milliseconds since the snowid epoch.
-    pub clock_ms: u64,
-    /// etcd's clock (a member's `Date`, in whole seconds) when the holder last read its keys, in
-    /// milliseconds since the snowid epoch.
-    pub registry_ms: i64,
 }
 
 impl Holder {
@@ -74,13 +66,11 @@ impl Holder {
             "name": self.name,
             "tenure": self.tenure,
             "acquired_mark_ms": self.acquired_mark_ms,
-            "timeline": self.timeline,
-            "clock_ms": self.clock_ms,
-            "registry_ms": self.registry_ms,
         })
         .to_string()
     }
 
+    /// The record, also as snowid 0.6.0 wrote it, with fields that are no longer read.
     fn from_json(text: &str) -> Option<Holder> {
         let value: Value = serde_json::from_str(text).ok()?;
         Some(Holder {
@@ -89,9 +79,6 @@ impl Holder {
             name: value["name"].as_str()?.into(),
             tenure: value["tenure"].as_i64()?,
             acquired_mark_ms: value["acquired_mark_ms"].as_u64()?,
-            timeline: value["timeline"].as_u64()?,
-            clock_ms: value["clock_ms"].as_u64()?,
-            registry_ms: value["registry_ms"].as_i64()?,
         })
     }
 }
@@ -134,130 +121,47 @@ impl Snapshot {
 pub enum Plan {
     /// This run of the server holds the key: keep its etcd lease alive.
     Renew { lease: i64, holder: Holder },
-    /// Take the key with a new etcd lease: it is free, this server's from an earlier run, or
-    /// `taken_from` a fenced primary. Ids start at `floor_ms`.
+    /// Take the key with a new etcd lease: it is free, or this server's from an earlier run. Ids
+    /// start at `floor_ms`.
     Take {
         floor_ms: u64,
         acquired_mark_ms: u64,
         continued: bool,
-        taken_from: Option<String>,
     },
     /// Another server holds it, under this etcd lease.
     Refuse { holder_name: String, lease: i64 },
 }
 
 /// Decides a claim of the worker id `snapshot` shows.
-pub fn plan(snapshot: &Snapshot, request: &Request, worker_id: u16) -> Result<Plan, String> {
+pub fn plan(snapshot: &Snapshot, request: &Request) -> Result<Plan, String> {
     let mark_ms = snapshot.mark_ms()?;
     let Some(name) = &snapshot.worker.value else {
         return Ok(Plan::Take {
             floor_ms: mark_ms,
             acquired_mark_ms: mark_ms,
             continued: false,
-            taken_from: None,
         });
     };
-    let holder = snapshot.holder();
-    match (&holder, request.fence) {
-        (Some(holder), _) if holder.holder == request.holder => {
-            Ok(if holder.incarnation == request.incarnation {
+    Ok(match snapshot.holder() {
+        Some(holder) if holder.holder == request.holder => {
+            if holder.incarnation == request.incarnation {
                 Plan::Renew {
                     lease: snapshot.worker.lease,
-                    holder: holder.clone(),
+                    holder,
                 }
             } else {
                 Plan::Take {
                     floor_ms: mark_ms,
                     acquired_mark_ms: holder.acquired_mark_ms,
                     continued: true,
-                    taken_from: None,
                 }
-            })
+            }
         }
-        (_, Some(fence)) => {
-            let holder = holder.ok_or_else(|| {
-                format!("worker id {worker_id} is held by {name}, whose record in the etcd key holders/{worker_id} snowid cannot read")
-            })?;
-            let floor_ms = take_over_floor(
-                &holder,
-                mark_ms,
-                snapshot.registry_unix_ms,
-                request,
-                fence,
-                worker_id,
-            )?;
-            Ok(Plan::Take {
-                floor_ms,
-                acquired_mark_ms: floor_ms,
-                continued: false,
-                taken_from: Some(holder.name),
-            })
-        }
-        _ => Ok(Plan::Refuse {
+        _ => Plan::Refuse {
             holder_name: name.clone(),
             lease: snapshot.worker.lease,
-        }),
-    }
-}
-
-/// Where a takeover from a fenced primary starts, with the checks of the PostgreSQL registry's
-/// `snowid.lease_take_over`: a holder of this server's own cluster (system identifier and
-/// cluster_name), on an earlier timeline, whose clock was never seen more than the fence's skew
-/// ahead of this server's (through etcd's clock, more than that and a second).
-fn take_over_floor(
-    holder: &Holder,
-    mark_ms: u64,
-    registry_unix_ms: i64,
-    request: &Request,
-    fence: Fence,
-    worker_id: u16,
-) -> Result<u64, String> {
-    let system = |holder: &str| holder.split('-').next().map(str::to_string);
-    let cluster = |name: &str| name.split_once('@').map(|(cluster, _)| cluster.to_string());
-    if system(&holder.holder) != system(request.holder)
-        || cluster(request.name).is_none()
-        || cluster(&holder.name) != cluster(request.name)
-    {
-        return Err(format!(
-            "worker id {worker_id} is held by {}, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster (the same system identifier and cluster_name)",
-            holder.name
-        ));
-    }
-    if holder.timeline >= request.timeline {
-        return Err(format!(
-            "worker id {worker_id} is held by {}, on timeline {}, not before this server's timeline {}: it is not a primary this server was promoted after",
-            holder.name, holder.timeline, request.timeline
-        ));
-    }
-    // How far the holder's clock was ahead of this server's: at its last claim, and in the highest
-    // reservation it made since it took the key (its clock then, plus a time-to-live).
-    let fence_ms = fence.fenced_at_ms as i64;
-    let skew_ms = fence.max_skew_ms as i64;
-    let mut ahead_ms = holder.clock_ms as i64 - fence_ms;
-    if mark_ms > holder.acquired_mark_ms {
-        ahead_ms = ahead_ms.max(mark_ms as i64 - request.ttl.as_millis() as i64 - fence_ms);
-    }
-    if ahead_ms > skew_ms {
-        return Err(format!(
-            "the clock of {}, which holds worker id {worker_id}, read {ahead_ms} ms ahead of this server's, more than snowid.max_clock_skew ({skew_ms} ms) allows: it may have issued ids above where this server would start",
-            holder.name
-        ));
-    }
-    // The same, each clock against etcd's at its own reading, which also counts the time since the
-    // holder's last claim. etcd's clock comes in whole seconds, so this bound is a second above the
-    // measure: ids start above it, and a takeover is refused once it passes the skew by more.
-    let registry_now_ms = registry_unix_ms - EPOCH_UNIX_MS;
-    let through_etcd_ms = (holder.clock_ms as i64 - holder.registry_ms)
-        - (fence_ms - registry_now_ms)
-        + DATE_RESOLUTION_MS;
-    if through_etcd_ms > skew_ms + DATE_RESOLUTION_MS {
-        return Err(format!(
-            "the clock of {}, which holds worker id {worker_id}, read up to {through_etcd_ms} ms ahead of this server's, measured through etcd's clock to the second, more than snowid.max_clock_skew ({skew_ms} ms) and that second allow: it may have issued ids above where this server would start",
-            holder.name
-        ));
-    }
-    let start_ms = fence_ms + skew_ms.max(through_etcd_ms);
-    Ok(holder.acquired_mark_ms.max(start_ms.max(0) as u64))
+        },
+    })
 }
 
 /// The mark after a claim that reserves up to `reserve_until_ms`: never lower than `mark_ms`, and
@@ -279,7 +183,6 @@ struct Granted {
     floor_ms: u64,
     continued: bool,
     renewal: bool,
-    taken_from: Option<String>,
 }
 
 /// The registry, through the members that `snowid.registry` lists.
@@ -381,16 +284,13 @@ impl Etcd {
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Option<ClaimRow>, Failure> {
         let snapshot = self.read(worker_id, budget, stop)?;
-        let plan = plan(&snapshot, request, worker_id).map_err(Failure::Error)?;
+        let plan = plan(&snapshot, request).map_err(Failure::Error)?;
         let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
         let registry_ms = snapshot.registry_unix_ms;
         let new_mark_ms = new_mark(mark_ms, request.reserve_until_ms, registry_ms, request.ttl);
-        let clock_ms = request
-            .reserve_until_ms
-            .saturating_sub(request.ttl.as_millis() as u64);
         // What a take writes, and what the grant then says: from the plan, or from a renewal
         // whose etcd lease ran out.
-        let (holder, floor_ms, continued, taken_from) = match plan {
+        let (holder, floor_ms, continued) = match plan {
             Plan::Refuse { holder_name, lease } => {
                 let reply = self.call(
                     "/v3/lease/timetolive",
@@ -418,17 +318,12 @@ impl Etcd {
                     stop,
                 )?;
                 let ttl_s = int(&reply.body["result"]["TTL"]);
-                let holder = Holder {
-                    timeline: request.timeline,
-                    clock_ms,
-                    registry_ms: registry_ms - EPOCH_UNIX_MS,
-                    ..holder
-                };
                 if ttl_s > 0 {
-                    let ops = vec![
-                        put(&self.key("marks", worker_id), &new_mark_ms.to_string(), 0),
-                        put(&self.key("holders", worker_id), &holder.to_json(), lease),
-                    ];
+                    let ops = vec![put(
+                        &self.key("marks", worker_id),
+                        &new_mark_ms.to_string(),
+                        0,
+                    )];
                     let renewed = self.commit(worker_id, &snapshot, ops, budget, stop)?;
                     return Ok(renewed.then(|| {
                         granted_row(
@@ -441,7 +336,6 @@ impl Etcd {
                                 floor_ms: mark_ms,
                                 continued: true,
                                 renewal: true,
-                                taken_from: None,
                             },
                         )
                     }));
@@ -452,13 +346,12 @@ impl Etcd {
                     tenure: request.now_unix_us,
                     ..holder
                 };
-                (holder, mark_ms, true, None)
+                (holder, mark_ms, true)
             }
             Plan::Take {
                 floor_ms,
                 acquired_mark_ms,
                 continued,
-                taken_from,
             } => {
                 let holder = Holder {
                     holder: request.holder.into(),
@@ -466,11 +359,8 @@ impl Etcd {
                     name: request.name.into(),
                     tenure: request.now_unix_us,
                     acquired_mark_ms,
-                    timeline: request.timeline,
-                    clock_ms,
-                    registry_ms: registry_ms - EPOCH_UNIX_MS,
                 };
-                (holder, floor_ms, continued, taken_from)
+                (holder, floor_ms, continued)
             }
         };
         let taken = self.take(
@@ -493,7 +383,6 @@ impl Etcd {
                     floor_ms,
                     continued,
                     renewal: false,
-                    taken_from,
                 },
             )
         }))
@@ -584,6 +473,24 @@ impl Etcd {
         Err(Failure::Error(format!(
             "the etcd keys of worker id {worker_id} changed under each of {ATTEMPTS} releases in a row"
         )))
+    }
+
+    /// Who holds `worker_id` under a live etcd lease, other than `holder`: its name, and its record
+    /// if readable. `None` when the key is free or `holder`'s own.
+    pub fn other_holder(
+        &mut self,
+        worker_id: u16,
+        holder: &str,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<(String, Option<Holder>)>, Failure> {
+        let snapshot = self.read(worker_id, budget, stop)?;
+        let record = snapshot.holder();
+        Ok(match snapshot.worker.value {
+            Some(_) if record.as_ref().is_some_and(|own| own.holder == holder) => None,
+            Some(name) => Some((name, record)),
+            None => None,
+        })
     }
 
     /// Reads `worker_id`'s three keys at one revision.
@@ -705,7 +612,6 @@ fn granted_row(worker_id: u16, new_mark_ms: u64, registry_ms: i64, granted: Gran
         renewal: Some(granted.renewal),
         released: Some(false),
         tenure: Some(granted.holder.tenure),
-        taken_from: granted.taken_from,
     }
 }
 
@@ -753,29 +659,24 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(30);
 
-    fn request(fence: Option<Fence>) -> Request<'static> {
+    fn request() -> Request<'static> {
         Request {
             holder: "7351-aaaa",
             incarnation: "run2",
             name: "pg@node2:5432",
             ttl: TTL,
             reserve_until_ms: 100_000 + 30_000,
-            timeline: 2,
             now_unix_us: 1_795_953_600_000_000,
-            fence,
         }
     }
 
-    fn holder(holder: &str, incarnation: &str, name: &str, timeline: u64) -> Holder {
+    fn holder(holder: &str, incarnation: &str, name: &str) -> Holder {
         Holder {
             holder: holder.into(),
             incarnation: incarnation.into(),
             name: name.into(),
             tenure: 1_795_953_000_000_000,
             acquired_mark_ms: 40_000,
-            timeline,
-            clock_ms: 99_000,
-            registry_ms: 99_000,
         }
     }
 
@@ -812,9 +713,11 @@ mod tests {
     }
 
     #[test]
-    fn the_holders_record_reads_back() {
-        let record = holder("7351-aaaa", "run1", "pg@node1:5432", 1);
-        assert_eq!(Holder::from_json(&record.to_json()), Some(record));
+    fn the_holders_record_reads_back_also_as_0_6_0_wrote_it() {
+        let record = holder("7351-aaaa", "run1", "pg@node1:5432");
+        assert_eq!(Holder::from_json(&record.to_json()), Some(record.clone()));
+        let written_by_0_6_0 = r#"{"holder":"7351-aaaa","incarnation":"run1","name":"pg@node1:5432","tenure":1795953000000000,"acquired_mark_ms":40000,"timeline":1,"clock_ms":99000,"registry_ms":99000}"#;
+        assert_eq!(Holder::from_json(written_by_0_6_0), Some(record));
         assert_eq!(Holder::from_json("{\"holder\":\"x\"}"), None);
         assert_eq!(Holder::from_json("not json"), None);
     }
@@ -825,17 +728,16 @@ mod tests {
             floor_ms,
             acquired_mark_ms,
             continued,
-            taken_from: None,
         };
         // Free (never used, released, or its etcd lease ran out): above the mark.
         assert_eq!(
-            plan(&snapshot(None, 120_000), &request(None), 5),
+            plan(&snapshot(None, 120_000), &request()),
             Ok(take(120_000, 120_000, false))
         );
         // This run's own: a renewal of its etcd lease.
-        let own = holder("7351-aaaa", "run2", "pg@node2:5432", 2);
+        let own = holder("7351-aaaa", "run2", "pg@node2:5432");
         assert_eq!(
-            plan(&snapshot(Some(&own), 120_000), &request(None), 5),
+            plan(&snapshot(Some(&own), 120_000), &request()),
             Ok(Plan::Renew {
                 lease: 77,
                 holder: own.clone()
@@ -847,13 +749,13 @@ mod tests {
             ..own
         };
         assert_eq!(
-            plan(&snapshot(Some(&earlier), 120_000), &request(None), 5),
+            plan(&snapshot(Some(&earlier), 120_000), &request()),
             Ok(take(120_000, 40_000, true))
         );
         // Another server's, and one whose record is unreadable: refused, naming the holder.
-        let other = holder("7351-bbbb", "x", "pg@node1:5432", 1);
+        let other = holder("7351-bbbb", "x", "pg@node1:5432");
         assert_eq!(
-            plan(&snapshot(Some(&other), 120_000), &request(None), 5),
+            plan(&snapshot(Some(&other), 120_000), &request()),
             Ok(Plan::Refuse {
                 holder_name: "pg@node1:5432".into(),
                 lease: 77
@@ -862,7 +764,7 @@ mod tests {
         let mut unreadable = snapshot(Some(&other), 120_000);
         unreadable.holding.value = Some("{}".into());
         assert_eq!(
-            plan(&unreadable, &request(None), 5),
+            plan(&unreadable, &request()),
             Ok(Plan::Refuse {
                 holder_name: "pg@node1:5432".into(),
                 lease: 77
@@ -871,99 +773,11 @@ mod tests {
         let mut bad_mark = snapshot(None, 0);
         bad_mark.mark.value = Some("soon".into());
         assert_eq!(
-            plan(&bad_mark, &request(None), 5),
+            plan(&bad_mark, &request()),
             Err(
                 "the etcd key of the high-water mark holds \"soon\", not a number of milliseconds"
                     .into()
             )
-        );
-    }
-
-    #[test]
-    fn a_takeover_takes_only_from_an_earlier_primary_of_the_same_cluster_with_a_clock_in_bounds() {
-        let fence = Fence {
-            fenced_at_ms: 100_000,
-            max_skew_ms: 1_000,
-        };
-        let primary = holder("7351-bbbb", "x", "pg@node1:5432", 1);
-        // Its last reservation: its clock of 99 s plus the time-to-live.
-        let taken = plan(&snapshot(Some(&primary), 129_000), &request(Some(fence)), 5);
-        assert_eq!(
-            taken,
-            Ok(Plan::Take {
-                floor_ms: 101_000,
-                acquired_mark_ms: 101_000,
-                continued: false,
-                taken_from: Some("pg@node1:5432".into())
-            })
-        );
-        let refused = |holding: &Holder, mark_ms| {
-            plan(&snapshot(Some(holding), mark_ms), &request(Some(fence)), 5).unwrap_err()
-        };
-        let another_system = holder("9999-bbbb", "x", "pg@node1:5432", 1);
-        let another_cluster = holder("7351-bbbb", "x", "other@node1:5432", 1);
-        let other_cluster_error = "worker id 5 is held by other@node1:5432, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster (the same system identifier and cluster_name)";
-        assert_eq!(
-            refused(&another_system, 129_000),
-            "worker id 5 is held by pg@node1:5432, a server of another cluster: a takeover takes a worker id only from an earlier primary of this server's own cluster (the same system identifier and cluster_name)"
-        );
-        assert_eq!(refused(&another_cluster, 129_000), other_cluster_error);
-        let same_timeline = holder("7351-bbbb", "x", "pg@node1:5432", 2);
-        assert_eq!(
-            refused(&same_timeline, 129_000),
-            "worker id 5 is held by pg@node1:5432, on timeline 2, not before this server's timeline 2: it is not a primary this server was promoted after"
-        );
-        let ahead = Holder {
-            clock_ms: 101_500,
-            ..primary.clone()
-        };
-        assert_eq!(
-            refused(&ahead, 129_000),
-            "the clock of pg@node1:5432, which holds worker id 5, read 1500 ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"
-        );
-        // A reservation further ahead than its last clock tells of a clock that ran ahead since.
-        assert_eq!(
-            refused(&primary, 133_000),
-            "the clock of pg@node1:5432, which holds worker id 5, read 3000 ms ahead of this server's, more than snowid.max_clock_skew (1000 ms) allows: it may have issued ids above where this server would start"
-        );
-        // Its clock read 5 s ahead of etcd's at its last claim, 6 s before the fence: its last
-        // reading of its own clock and the reservation hide that.
-        let fast = Holder {
-            registry_ms: 94_000,
-            ..primary.clone()
-        };
-        assert_eq!(
-            refused(&fast, 129_000),
-            "the clock of pg@node1:5432, which holds worker id 5, read up to 6000 ms ahead of this server's, measured through etcd's clock to the second, more than snowid.max_clock_skew (1000 ms) and that second allow: it may have issued ids above where this server would start"
-        );
-        // Up to 1.7 s ahead through etcd's clock: within the skew and the second, and ids start
-        // that far past the fence.
-        let slightly = Holder {
-            registry_ms: 98_300,
-            ..primary.clone()
-        };
-        assert_eq!(
-            plan(
-                &snapshot(Some(&slightly), 129_000),
-                &request(Some(fence)),
-                5
-            ),
-            Ok(Plan::Take {
-                floor_ms: 101_700,
-                acquired_mark_ms: 101_700,
-                continued: false,
-                taken_from: Some("pg@node1:5432".into())
-            })
-        );
-        // A free key is simply claimed.
-        assert_eq!(
-            plan(&snapshot(None, 129_000), &request(Some(fence)), 5),
-            Ok(Plan::Take {
-                floor_ms: 129_000,
-                acquired_mark_ms: 129_000,
-                continued: false,
-                taken_from: None
-            })
         );
     }
 }

@@ -2,12 +2,12 @@
 //! from the lease worker's own thread: each request to a member is a non-blocking transfer that
 //! looks for SIGTERM and ProcSignalBarriers every few milliseconds.
 
-use super::{NO_ANSWER, RELEASE_BUDGET, STOPPED};
+use super::{other_holder_is, OtherHolder, NO_ANSWER, RELEASE_BUDGET, STOPPED};
 use crate::claimant::Claimant;
 use crate::etcd::gateway::Failure;
 use crate::etcd::setting::Setting;
 use crate::etcd::{Etcd, Request};
-use crate::lease::{ClaimRow, Fence, Text, Timing};
+use crate::lease::{ClaimRow, Text, Timing};
 use crate::shmem;
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
 use pgrx::bgworkers::BackgroundWorker;
@@ -43,7 +43,6 @@ impl EtcdRegistry {
         worker_id: Option<u16>,
         timing: Timing,
         reserve_until_ms: u64,
-        fence: Option<Fence>,
     ) -> Result<ClaimRow, String> {
         let request = Request {
             holder: &me.holder,
@@ -51,11 +50,9 @@ impl EtcdRegistry {
             name: &me.name,
             ttl: timing.ttl,
             reserve_until_ms,
-            timeline: u64::from(shmem::timeline()),
             now_unix_us: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |since| since.as_micros() as i64),
-            fence,
         };
         // A claim that cannot finish within a renewal interval gives way to the next, which starts
         // at the next member, so that the status says the registry is unreachable well before
@@ -64,6 +61,29 @@ impl EtcdRegistry {
         self.etcd
             .claim(worker_id, &request, budget, &mut stop)
             .map_err(text)
+    }
+
+    /// Who else holds `worker_id` under a live etcd lease, for a standby (see
+    /// `Registry::other_holder`).
+    pub fn other_holder(
+        &mut self,
+        me: &Claimant,
+        worker_id: u16,
+        timing: Timing,
+    ) -> Result<Option<OtherHolder>, String> {
+        let budget = Instant::now() + timing.renew_every();
+        let found = self
+            .etcd
+            .other_holder(worker_id, &me.holder, budget, &mut stop)
+            .map_err(text)?;
+        Ok(found.map(|(name, record)| OtherHolder {
+            is: other_holder_is(
+                &name,
+                record.as_ref().map(|record| record.holder.as_str()),
+                me,
+            ),
+            name,
+        }))
     }
 
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever

@@ -47,8 +47,23 @@ impl Local {
                     renewal: row.get(8)?,
                     released: row.get(9)?,
                     tenure: row.get(10)?,
-                    taken_from: row.get(11)?,
                 })
+            })
+            .map_err(|error: pgrx::spi::SpiError| error.to_string())
+        })
+    }
+
+    pub fn other_holder(&self, params: &[Param]) -> Result<Option<(String, String)>, String> {
+        in_transaction(|| {
+            self.ready_to_read()?;
+            Spi::connect(|client| {
+                let args: Vec<_> = params.iter().map(Param::datum).collect();
+                let table = client.select(lease::OTHER_HOLDER_SQL, Some(1), &args)?;
+                if table.is_empty() {
+                    return Ok(None);
+                }
+                let row = table.first();
+                Ok(row.get::<String>(1)?.zip(row.get::<String>(2)?))
             })
             .map_err(|error: pgrx::spi::SpiError| error.to_string())
         })
@@ -64,21 +79,32 @@ impl Local {
         })
     }
 
-    /// Prepares a transaction: a search path that no role of the database can put objects in, lock
-    /// waits bounded well inside the ceiling's lead, a commit that waits for no standby (a
-    /// synchronous standby of this server that is down must not stop its own worker), and the
-    /// extension's lease functions present.
+    /// Prepares a transaction that writes the lease table: as `ready_to_read`, and a commit that
+    /// waits for no standby (a synchronous standby of this server that is down must not stop its
+    /// own worker).
     fn ready(&self) -> Result<(), String> {
-        Spi::run(
-            "SET LOCAL search_path = pg_catalog, pg_temp; SET LOCAL lock_timeout = '500ms';
-             SET LOCAL synchronous_commit = local",
-        )
-        .map_err(|error| error.to_string())?;
-        if Spi::get_one::<bool>(lease::READY_SQL)
-            .ok()
-            .flatten()
-            .unwrap_or(false)
-        {
+        self.ready_to_read()?;
+        Spi::run("SET LOCAL synchronous_commit = local").map_err(|error| error.to_string())
+    }
+
+    /// Prepares a transaction: a search path that no role of the database can put objects in, lock
+    /// waits bounded well inside the ceiling's lead, and the extension's lease functions present.
+    /// Only reads, so that it serves a standby too, where no transaction may take an id.
+    fn ready_to_read(&self) -> Result<(), String> {
+        let installed = Spi::connect(|client| {
+            client.select(
+                "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+                        pg_catalog.set_config('lock_timeout', '500ms', true)",
+                None,
+                &[],
+            )?;
+            client
+                .select(lease::READY_SQL, Some(1), &[])?
+                .first()
+                .get_one::<bool>()
+        })
+        .map_err(|error: pgrx::spi::SpiError| error.to_string())?;
+        if installed == Some(true) {
             Ok(())
         } else {
             Err(lease::not_installed(&format!(

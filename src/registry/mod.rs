@@ -11,7 +11,7 @@ mod remote;
 use crate::claimant::Claimant;
 use crate::etcd::setting::is_etcd;
 use crate::gucs;
-use crate::lease::{self, Claim, ClaimRow, Fence, Timing};
+use crate::lease::{self, Claim, ClaimRow, OtherHolderIs, Timing};
 use crate::shmem;
 
 pub enum Registry {
@@ -36,34 +36,27 @@ impl Registry {
         matches!(self, Registry::Local(_))
     }
 
-    /// Claims `worker_id`'s lease, or any free worker id's; with `fence`, takes `worker_id` over
-    /// from the fenced primary that holds it. Returns the worker id claimed (none when every one is
-    /// leased), the registry's answer, and the holder taken over from.
+    /// Claims `worker_id`'s lease, or any free worker id's. Returns the worker id claimed (none
+    /// when every one is leased) and the registry's answer.
     pub fn claim(
         &mut self,
         me: &Claimant,
         worker_id: Option<u16>,
         timing: Timing,
         reserve_until_ms: u64,
-        fence: Option<Fence>,
-    ) -> Result<(Option<u16>, Claim, Option<String>), String> {
+    ) -> Result<(Option<u16>, Claim), String> {
         if let Registry::Etcd(etcd) = self {
             return etcd
-                .claim(me, worker_id, timing, reserve_until_ms, fence)
+                .claim(me, worker_id, timing, reserve_until_ms)
                 .map(answer_of);
         }
         let mut params = vec![];
-        let sql = match (worker_id, fence) {
-            (Some(worker_id), _) => {
+        let sql = match worker_id {
+            Some(worker_id) => {
                 params.push(Param::Int(i32::from(worker_id)));
-                if fence.is_some() {
-                    lease::TAKE_OVER_SQL
-                } else {
-                    lease::CLAIM_SQL
-                }
+                lease::CLAIM_SQL
             }
-            (None, None) => lease::CLAIM_ANY_SQL,
-            (None, Some(_)) => unreachable!("a takeover names its worker id"),
+            None => lease::CLAIM_ANY_SQL,
         };
         params.extend([
             Param::Text(me.holder.clone()),
@@ -78,16 +71,40 @@ impl Registry {
             params.push(Param::Bool(!self.is_local()));
         }
         params.push(Param::Big(i64::from(shmem::timeline())));
-        if let Some(fence) = fence {
-            params.push(Param::Big(fence.fenced_at_ms as i64));
-            params.push(Param::Big(fence.max_skew_ms as i64));
-        }
         let row: ClaimRow = match self {
             Registry::Local(local) => local.claim(sql, &params)?,
             Registry::Remote(remote) => remote.claim(sql, &params)?,
             Registry::Etcd(_) => unreachable!("answered above"),
         };
         Ok(answer_of(row))
+    }
+
+    /// Who else holds `worker_id` in a way that would keep this server from issuing under it once
+    /// promoted, for a standby to say so: with the lease table on this server, any other holder
+    /// (only a handover frees its row); on a shared registry, one whose lease runs.
+    pub fn other_holder(
+        &mut self,
+        me: &Claimant,
+        worker_id: u16,
+        timing: Timing,
+    ) -> Result<Option<OtherHolder>, String> {
+        if let Registry::Etcd(etcd) = self {
+            return etcd.other_holder(me, worker_id, timing);
+        }
+        let params = [
+            Param::Int(i32::from(worker_id)),
+            Param::Text(me.holder.clone()),
+            Param::Bool(!self.is_local()),
+        ];
+        let name = match self {
+            Registry::Local(local) => local.other_holder(&params)?,
+            Registry::Remote(remote) => remote.other_holder(&params)?,
+            Registry::Etcd(_) => unreachable!("answered above"),
+        };
+        Ok(name.map(|(name, holder)| OtherHolder {
+            is: other_holder_is(&name, Some(&holder), me),
+            name,
+        }))
     }
 
     /// Releases `worker_id`'s lease, lowering its mark to `high_water_ms`.
@@ -115,11 +132,32 @@ impl Registry {
     }
 }
 
-/// A registry's row as the worker acts on it: the worker id, the claim, the holder taken over from.
-fn answer_of(row: ClaimRow) -> (Option<u16>, Claim, Option<String>) {
+/// Another server that holds a worker id.
+pub struct OtherHolder {
+    pub name: String,
+    pub is: OtherHolderIs,
+}
+
+/// How the holder `name`, `holder` (its system identifier and place, when known) relates to `me`.
+fn other_holder_is(name: &str, holder: Option<&str>, me: &Claimant) -> OtherHolderIs {
+    match holder {
+        Some(holder) if same_system(holder, &me.holder) && name == me.name => {
+            OtherHolderIs::FormerSelf
+        }
+        Some(holder) if same_system(holder, &me.holder) => OtherHolderIs::SameCluster,
+        _ => OtherHolderIs::Other,
+    }
+}
+
+/// Whether two holders (`SYSTEM_IDENTIFIER-PLACE`) have the same system identifier.
+fn same_system(holder: &str, other: &str) -> bool {
+    holder.split('-').next() == other.split('-').next()
+}
+
+/// A registry's row as the worker acts on it: the worker id and the claim.
+fn answer_of(row: ClaimRow) -> (Option<u16>, Claim) {
     let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
-    let taken_from = row.taken_from.clone();
-    (worker_id, row.claim(), taken_from)
+    (worker_id, row.claim())
 }
 
 /// How `snowid_status()` names the registry: never with the connection string, which may hold a
@@ -146,4 +184,29 @@ pub enum Param {
     Big(i64),
     Text(String),
     Bool(bool),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_tells_a_former_self_from_its_cluster_and_from_strangers() {
+        let me = Claimant {
+            holder: "7301-aaaa".into(),
+            incarnation: "run".into(),
+            name: "pg@node1:5432".into(),
+        };
+        let is = |name: &str, holder: Option<&str>| other_holder_is(name, holder, &me);
+        assert_eq!(
+            is("pg@node1:5432", Some("7301-bbbb")),
+            OtherHolderIs::FormerSelf
+        );
+        assert_eq!(
+            is("pg@node2:5432", Some("7301-cccc")),
+            OtherHolderIs::SameCluster
+        );
+        assert_eq!(is("pg@node1:5432", Some("9999-bbbb")), OtherHolderIs::Other);
+        assert_eq!(is("pg@node1:5432", None), OtherHolderIs::Other);
+    }
 }

@@ -50,6 +50,17 @@ impl Remote {
         ClaimRow::from_text(row)
     }
 
+    pub fn other_holder(&mut self, params: &[Param]) -> Result<Option<(String, String)>, String> {
+        let rows = self.call(lease::OTHER_HOLDER_SQL, params, None)?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .and_then(|row| match row.as_slice() {
+                [Some(name), Some(holder)] => Some((name.clone(), holder.clone())),
+                _ => None,
+            }))
+    }
+
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
     /// the registry's hosts do (name resolution aside); a lease not released runs out by itself.
     pub fn release(&mut self, params: &[Param]) -> Result<(), String> {

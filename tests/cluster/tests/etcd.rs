@@ -1,9 +1,9 @@
 //! Worker-id leases in etcd: nodes whose `snowid.registry` names a three-member etcd cluster of
 //! Debian's etcd-server on loopback ports (one member for TLS). The keys are read back with
-//! etcdctl; a second server with the same worker id, a holder that crashed, four nodes picking
-//! any worker id, etcd's leader killed, every member frozen past the lease, TLS with client
-//! certificates and user authentication, a member that never answers. Every id is collected from
-//! every node: none is issued twice.
+//! etcdctl; a second server with the same worker id, a standby configured with its primary's, a
+//! holder that crashed, four nodes picking any worker id, etcd's leader killed, every member frozen
+//! past the lease, TLS with client certificates and user authentication, a member that never
+//! answers. Every id is collected from every node: none is issued twice.
 
 use postgres::Client;
 use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
@@ -174,10 +174,27 @@ fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
     let (left_s, keys) = etcd.lease_time_to_live(lease).unwrap();
     assert!((1..=6).contains(&left_s), "{left_s}");
     assert_eq!(keys, ["/snowid/holders/5", "/snowid/workers/5"]);
+    // Who holds it, for snowid: the mark it took the key at, its identity and run, its name, and
+    // when it took the key.
     let holding = etcd.get("/snowid/holders/5").unwrap();
+    let fields: Vec<&str> = holding
+        .trim_matches(|c| c == '{' || c == '}')
+        .split(',')
+        .map(|field| field.split(':').next().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "\"acquired_mark_ms\"",
+            "\"holder\"",
+            "\"incarnation\"",
+            "\"name\"",
+            "\"tenure\""
+        ],
+        "{holding}"
+    );
     assert!(
-        holding.contains(&format!("\"name\":\"{}\"", node.holder_name()))
-            && holding.contains("\"timeline\":1"),
+        holding.contains(&format!("\"name\":\"{}\"", node.holder_name())),
         "{holding}"
     );
     // The mark is this holder's reservation: its clock plus the time-to-live.
@@ -701,51 +718,87 @@ fn a_member_that_never_answers_holds_up_neither_claims_nor_the_workers_stop() {
 }
 
 #[test]
-fn a_promoted_standby_takes_the_worker_id_over_from_its_fenced_primary_at_once() {
-    let etcd = EtcdCluster::start(&directory("fenced"), 3, None);
+fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the_lease() {
+    const TTL_S: u64 = 6;
+    let etcd = EtcdCluster::start(&directory("shared"), 3, None);
     let registry = registry(&etcd);
-    let primary = node("fenced", Some(9), &registry, 30);
-    let mut client = primary.cluster.connect();
-    let mut ids: Vec<i64> = (0..20).map(|_| next_id(&mut client).unwrap()).collect();
-    let standby = primary.cluster.standby_of("fenced-standby");
-    drop(client);
-    // The primary dies: its etcd lease runs for up to 30 s more.
-    primary.cluster.stop("immediate");
+    let primary = node("shared", Some(9), &registry, TTL_S as u32);
+    let mut on_primary = primary.cluster.connect();
+    let mut ids: Vec<i64> = (0..20).map(|_| next_id(&mut on_primary).unwrap()).collect();
+    // The standby is configured as its primary is: with worker id 9.
+    let standby = primary.cluster.standby_of("shared-standby");
+    let mut on_standby = standby.connect();
+    let holder = primary.holder_name();
+    wait_for(
+        "the standby to name the holder",
+        Duration::from_secs(10),
+        || {
+            on_standby
+                .query_one("SELECT worker_id_held_by FROM snowid_status()", &[])
+                .unwrap()
+                .get::<_, Option<String>>(0)
+                .as_deref()
+                == Some(holder.as_str())
+        },
+    );
+    let warning = format!(
+        "WARNING:  snowid: worker id 9 of this standby is held by {holder}, a server of this \
+         standby's own cluster (its primary, or a copy of it): once promoted, this server waits \
+         until the lease of {holder} runs out, and starts above every id it issued; give every \
+         node its own snowid.worker_id"
+    );
+    assert_eq!(standby.log().matches(&warning).count(), 1);
+
+    // Promoted beside its live primary, it issues nothing, however long the primary issues.
     standby.promote();
-    let mut client = standby.connect();
-    let answer: String = client
-        .query_one("SELECT snowid_take_over_fenced()", &[])
-        .unwrap()
-        .get(0);
-    let expected = format!(
-        "worker id 9 taken over from {}; ids start at ",
-        primary.holder_name()
-    );
-    assert!(answer.starts_with(&expected), "{answer}");
+    let until = Instant::now() + Duration::from_secs(TTL_S + 2);
+    while Instant::now() < until {
+        ids.push(next_id(&mut on_primary).unwrap());
+        let refusal = next_id(&mut on_standby).unwrap_err();
+        assert!(
+            refusal.starts_with(&format!(
+                "55000: snowid refuses to issue ids: worker id 9 is leased by another server, {holder}, until "
+            )),
+            "{refusal}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(
-        wait_for_lease_state(&mut client, "held", Duration::from_secs(1)),
-        "held"
+        on_standby
+            .query_one("SELECT worker_id_held_by FROM snowid_status()", &[])
+            .unwrap()
+            .get::<_, Option<String>>(0),
+        None,
+        "a primary's holder shows in its lease's state"
     );
-    let standby_name = format!(
-        "fenced@{}:{}",
-        snowid_cluster_tests::host_name(),
-        standby.port
-    );
-    assert_eq!(etcd.get("/snowid/workers/9"), Some(standby_name));
-    // Ids start a second (snowid.max_clock_skew) after the fence.
-    let started = Instant::now();
+    // The primary crashes: its etcd lease runs out within a time-to-live, and the promoted standby
+    // issues above every id it issued.
+    drop(on_primary);
+    primary.cluster.stop("immediate");
+    let stopped = Instant::now();
     let first = loop {
-        match next_id(&mut client) {
+        match next_id(&mut on_standby) {
             Ok(id) => break id,
             Err(refusal) => {
-                assert!(started.elapsed() < Duration::from_secs(3), "{refusal}");
+                assert!(
+                    stopped.elapsed() < Duration::from_secs(TTL_S + 3),
+                    "{refusal}"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
     };
+    println!(
+        "the promoted standby issued {:?} after its primary, holding the same worker id, crashed",
+        stopped.elapsed()
+    );
     assert!(first > *ids.iter().max().unwrap());
     ids.push(first);
-    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 21);
-    let holding = etcd.get("/snowid/holders/9").unwrap();
-    assert!(holding.contains("\"timeline\":2"), "{holding}");
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len());
+    let standby_name = format!(
+        "shared@{}:{}",
+        snowid_cluster_tests::host_name(),
+        standby.port
+    );
+    assert_eq!(etcd.get("/snowid/workers/9"), Some(standby_name));
 }

@@ -1,6 +1,7 @@
 //! Monitoring: Debian's prometheus-postgres-exporter with contrib/prometheus/queries.yaml, run as
-//! the README says, against servers that issue, refuse for a held worker id, or are standbys, with
-//! the metrics read over HTTP and their values asserted; promtool checking and unit-testing
+//! the README says, against servers that issue, refuse for a held worker id, or are standbys (one
+//! configured with its primary's worker id), with the metrics read over HTTP and their values
+//! asserted; promtool checking and unit-testing
 //! contrib/prometheus/snowid-alerts.yml; and the server log's one WARNING per refusal episode, with
 //! a LOG line when issuing resumes.
 
@@ -142,6 +143,10 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
     assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 1.0);
     assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 0.0);
+    assert_eq!(
+        sample(&metrics, "snowid_worker_id_held_elsewhere", &[]),
+        0.0
+    );
     let left = sample(&metrics, "snowid_lease_seconds_left", &[]);
     assert!((14.0..=25.0).contains(&left), "{left}");
 
@@ -178,12 +183,47 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
     assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_lease_seconds_left", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 0.0);
+    assert_eq!(
+        sample(&metrics, "snowid_worker_id_held_elsewhere", &[]),
+        0.0
+    );
     assert_eq!(sample(&metrics, "snowid_clock_backward_waits", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);
 
-    // A standby refuses as a standby.
+    // A standby refuses as a standby. Configured with its primary's worker id, it says so: in its
+    // status, once in its log, and in the metrics.
     let standby = primary.standby_of("monitored-standby");
     let mut on_standby = standby.connect();
+    let holder = format!(
+        "monitored@{}:{}",
+        snowid_cluster_tests::host_name(),
+        primary.port
+    );
+    snowid_cluster_tests::wait_for(
+        "the standby to name the holder",
+        Duration::from_secs(10),
+        || {
+            on_standby
+                .query_one("SELECT worker_id_held_by FROM snowid_status()", &[])
+                .unwrap()
+                .get::<_, Option<String>>(0)
+                .as_deref()
+                == Some(holder.as_str())
+        },
+    );
+    assert_eq!(
+        log_lines(
+            &standby,
+            0,
+            &format!(
+                "WARNING:  snowid: worker id 5 of this standby is held by {holder}, a server of this \
+                 standby's own cluster (its primary, or a copy of it): once promoted, this server \
+                 refuses every id until snowid_handover(5) is run on it, once {holder} is stopped \
+                 for good; give every node its own snowid.worker_id"
+            )
+        ),
+        1
+    );
     let log_before = standby.log().len();
     let refusal = refuse(&mut on_standby, 4);
     assert!(refusal.starts_with("25006: snowid cannot issue ids on a server in recovery"));
@@ -208,6 +248,10 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
     assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_lease_seconds_left", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 1.0);
+    assert_eq!(
+        sample(&metrics, "snowid_worker_id_held_elsewhere", &[]),
+        1.0
+    );
     assert_eq!(sample(&metrics, "snowid_ids_issued", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_clock_backward_waits", &[]), 0.0);
     assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);

@@ -13,7 +13,7 @@ SELECT pg_describe_object(d.classid, d.objid, 0) || coalesce(' ' || (
              FROM pg_proc p WHERE d.classid = 'pg_proc'::regclass AND p.oid = d.objid), '')
        || coalesce(' ' || (
            SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull, ', ' ORDER BY a.attnum)
-             FROM pg_attribute a WHERE d.classid = 'pg_class'::regclass AND a.attrelid = d.objid AND a.attnum > 0), '')
+             FROM pg_attribute a WHERE d.classid = 'pg_class'::regclass AND a.attrelid = d.objid AND a.attnum > 0 AND NOT a.attisdropped), '')
        || coalesce(' ' || (SELECT c.relacl::text FROM pg_class c WHERE d.classid = 'pg_class'::regclass AND c.oid = d.objid), '')
        || coalesce(' ' || (
            SELECT string_agg(con.conname || ' ' || pg_get_constraintdef(con.oid), ', ' ORDER BY con.conname)
@@ -34,16 +34,25 @@ SELECT pg_describe_object(d.classid, d.objid, 0) || coalesce(' ' || (
 SELECT 'tables pg_dump keeps: ' || extconfig::regclass[]::text FROM pg_extension WHERE extname = 'snowid'
  ORDER BY 1";
 
-/// The version `CREATE EXTENSION snowid` installs.
-const CURRENT: &str = "0.6.0";
+/// The version `CREATE EXTENSION snowid` installs: the extension crate's, in its Cargo.toml.
+fn current() -> String {
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+    std::fs::read_to_string(manifest)
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("the extension's version in Cargo.toml")
+        .to_string()
+}
 
 /// How many objects a fresh install of the current version has; PostgreSQL 17 and later also record
 /// the lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
     if server_version_num(client) >= 170000 {
-        25
-    } else {
         23
+    } else {
+        21
     }
 }
 
@@ -56,7 +65,7 @@ const OLD_VERSION_INSTALLED: &str =
 
 #[test]
 fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
-    let (cluster, mut old) = installed("upgrade-0.1.0", "0.1.0");
+    let (cluster, mut old) = installed("upgrade-0.1.0", "0.1.0", &[]);
     wait_for_old_version_refusal(&mut old);
     // The 0.1.0 declaration of snowid_status() still works with the new library: the lease
     // columns come after the old ones.
@@ -71,7 +80,7 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
 
 #[test]
 fn updating_from_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
-    let (cluster, mut old) = installed("upgrade-0.2.0", "0.2.0");
+    let (cluster, mut old) = installed("upgrade-0.2.0", "0.2.0", &[]);
     wait_for_old_version_refusal(&mut old);
     let state: String = old
         .query_one("SELECT lease_state FROM snowid_status()", &[])
@@ -83,7 +92,7 @@ fn updating_from_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
 
 #[test]
 fn updating_from_0_3_0_equals_a_fresh_install_and_keeps_the_data() {
-    let (cluster, mut old) = installed("upgrade-0.3.0", "0.3.0");
+    let (cluster, mut old) = installed("upgrade-0.3.0", "0.3.0", &[]);
     // 0.3.0's lease functions serve the new library as they are: it issues before the update.
     assert_eq!(cluster.wait_for_lease(&mut old), "held");
     let worker_id: i32 = old
@@ -96,7 +105,7 @@ fn updating_from_0_3_0_equals_a_fresh_install_and_keeps_the_data() {
 
 #[test]
 fn updating_from_0_4_0_equals_a_fresh_install_and_keeps_the_data() {
-    let (cluster, mut old) = installed("upgrade-0.4.0", "0.4.0");
+    let (cluster, mut old) = installed("upgrade-0.4.0", "0.4.0", &[]);
     assert_eq!(cluster.wait_for_lease(&mut old), "held");
     let worker_id: i32 = old
         .query_one("SELECT snowid_worker_id(snowid_next())", &[])
@@ -121,22 +130,80 @@ fn updating_from_0_4_0_equals_a_fresh_install_and_keeps_the_data() {
 
 #[test]
 fn updating_from_0_5_0_equals_a_fresh_install_and_keeps_the_data() {
-    let (cluster, mut old) = installed("upgrade-0.5.0", "0.5.0");
+    let (cluster, mut old) = installed("upgrade-0.5.0", "0.5.0", &[]);
     assert_eq!(cluster.wait_for_lease(&mut old), "held");
     update_and_compare_with_fresh(&cluster, &mut old, "0.5.0");
 }
 
-/// A server leasing worker id 21 from its database `upgraded`, where snowid `version` is installed
-/// and a table holds a row made with it.
-fn installed(name: &str, version: &str) -> (Cluster, postgres::Client) {
-    let cluster = Cluster::start(
-        name,
-        &[
-            "shared_preload_libraries = 'snowid'",
-            "snowid.worker_id = 21",
-            "snowid.database = 'upgraded'",
-        ],
+#[test]
+fn updating_from_0_6_0_keeps_every_lease_row_and_mark() {
+    // 0.6.0's setting snowid.max_clock_skew, left in the configuration, is dropped with a warning.
+    let (cluster, mut old) = installed("upgrade-0.6.0", "0.6.0", &["snowid.max_clock_skew = '2s'"]);
+    assert_eq!(
+        cluster
+            .log()
+            .matches("WARNING:  invalid configuration parameter name \"snowid.max_clock_skew\", removing it")
+            .count(),
+        1
     );
+    assert_eq!(cluster.wait_for_lease(&mut old), "held");
+    // Until the update, the new library serves the 0.6.0 SQL: its snowid_status() without the
+    // last column, and a snowid_take_over_fenced() that says it is gone.
+    let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
+    assert_eq!(status.len(), 17);
+    assert_eq!(
+        error_text(
+            &old.query_one("SELECT snowid_take_over_fenced()", &[])
+                .unwrap_err()
+        ),
+        "0A000: snowid_take_over_fenced() was removed in snowid 0.7.0 HINT: Give every node its \
+         own snowid.worker_id, remove the snowid-on-role-change callback from Patroni's \
+         configuration, and run ALTER EXTENSION snowid UPDATE."
+    );
+    // Beside this server's own row: one another server holds, and one released.
+    old.batch_execute(
+        "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, holder_name, acquired_at,
+             renewed_at, expires_at, high_water_ms, holder_role, acquired_mark_ms, holder_timeline,
+             holder_clock_ms)
+         VALUES (3, '42-aa', 'run', 'pg@db1:5432', now(), now(), now() + interval '30 seconds',
+                 28728000000, 'postgres', 28727000000, 1, 28727900000);
+         INSERT INTO snowid.worker_lease (worker_id, high_water_ms, released_by, released_timeline)
+         VALUES (4, 28726000000, '42-bb', 2);",
+    )
+    .unwrap();
+    const ROWS: &str =
+        "SELECT format('%s %s %s %s %s %s %s %s %s %s %s', worker_id, holder, incarnation,
+                               holder_name, acquired_at, renewed_at, expires_at, high_water_ms,
+                               released_by, released_timeline, acquired_mark_ms)
+                          FROM snowid.worker_lease ORDER BY worker_id";
+    let rows = |client: &mut postgres::Client| -> Vec<String> {
+        client
+            .query(ROWS, &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    let before = rows(&mut old);
+    assert_eq!(before.len(), 3);
+    update_and_compare_with_fresh(&cluster, &mut old, "0.6.0");
+    // This server's row was renewed since, its mark raised: every other row is as it was.
+    let after = rows(&mut old);
+    assert_eq!(after[1..], before[1..]);
+    let own = |row: &str| row.split(' ').take(4).collect::<Vec<_>>().join(" ");
+    assert_eq!(own(&after[0]), own(&before[0]));
+}
+
+/// A server leasing worker id 21 from its database `upgraded`, with `settings` besides, where
+/// snowid `version` is installed and a table holds a row made with it.
+fn installed(name: &str, version: &str, settings: &[&str]) -> (Cluster, postgres::Client) {
+    let mut all = vec![
+        "shared_preload_libraries = 'snowid'",
+        "snowid.worker_id = 21",
+        "snowid.database = 'upgraded'",
+    ];
+    all.extend_from_slice(settings);
+    let cluster = Cluster::start(name, &all);
     cluster
         .connect()
         .batch_execute("CREATE DATABASE upgraded")
@@ -175,7 +242,7 @@ fn update_and_compare_with_fresh(cluster: &Cluster, old: &mut postgres::Client, 
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, CURRENT);
+    assert_eq!(version, current());
     cluster
         .connect()
         .batch_execute("CREATE DATABASE fresh")
@@ -195,8 +262,9 @@ fn update_and_compare_with_fresh(cluster: &Cluster, old: &mut postgres::Client, 
     assert_eq!(fresh.len(), fresh_members(&mut new), "{fresh:#?}");
 
     assert_eq!(cluster.wait_for_lease(old), "held");
+    let current = current();
     old.batch_execute(&format!(
-        "INSERT INTO orders (item) VALUES ('made with {CURRENT}')"
+        "INSERT INTO orders (item) VALUES ('made with {current}')"
     ))
     .unwrap();
     let rows: Vec<(String, i32)> = old
@@ -212,7 +280,7 @@ fn update_and_compare_with_fresh(cluster: &Cluster, old: &mut postgres::Client, 
         rows,
         [
             (format!("made with {from}"), 17),
-            (format!("made with {CURRENT}"), 21)
+            (format!("made with {current}"), 21)
         ]
     );
 }
