@@ -23,10 +23,10 @@ cp -a "$built$("$PG_CONFIG" --sharedir)/extension/." "$root/usr/share/postgresql
 # No runpath: the package's library finds the libpq of the system it is installed on.
 patchelf --remove-rpath "$root/usr/lib/postgresql/$major/lib/snowid.so"
 install -m 644 sql/snowid--*.sql "$root/usr/share/postgresql/$major/extension/"
-install -d "$root/usr/lib/postgresql/$major/bin"
-install -m 755 contrib/patroni/snowid-on-role-change "$root/usr/lib/postgresql/$major/bin/"
-install -d "$root/usr/share/postgresql/$major/contrib/snowid/prometheus"
-install -m 644 contrib/prometheus/* "$root/usr/share/postgresql/$major/contrib/snowid/prometheus/"
+for tool in patroni prometheus; do
+    install -d "$root/usr/share/postgresql/$major/contrib/snowid/$tool"
+    install -m 644 contrib/$tool/* "$root/usr/share/postgresql/$major/contrib/snowid/$tool/"
+done
 cat >"$root/DEBIAN/control" <<CONTROL
 Package: postgresql-$major-snowid
 Version: $version

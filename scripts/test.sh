@@ -81,13 +81,16 @@ cluster_tests() {
 # upgrade script, and no runpath. On 15, which Debian 12 has, it also replaces the files cargo pgrx
 # installed, passes the regression files, and leaves nothing behind once removed.
 test_package() {
-    local major=$1 deb contents
+    local major=$1 deb contents latest_upgrade
     echo "==> PostgreSQL $major: the Debian package"
     deb=$(scripts/package.sh "$major" | tail -n 1)
     contents=$(dpkg-deb -c "$deb")
+    latest_upgrade=$(basename "$(ls sql/snowid--*--*.sql | sort -V | tail -n 1)")
     for file in "lib/postgresql/$major/lib/snowid.so" "postgresql/$major/extension/snowid.control" \
-        "postgresql/$major/extension/snowid--0.1.0.sql" "postgresql/$major/extension/snowid--0.5.0--0.6.0.sql" \
-        "lib/postgresql/$major/bin/snowid-on-role-change" \
+        "postgresql/$major/extension/snowid--0.1.0.sql" "postgresql/$major/extension/$latest_upgrade" \
+        "postgresql/$major/contrib/snowid/patroni/snowid-lease-table-on-the-nodes.yml" \
+        "postgresql/$major/contrib/snowid/patroni/snowid-shared-registry.yml" \
+        "postgresql/$major/contrib/snowid/patroni/snowid-etcd-registry.yml" \
         "postgresql/$major/contrib/snowid/prometheus/queries.yaml" \
         "postgresql/$major/contrib/snowid/prometheus/snowid-alerts.yml"; do
         grep -q "$file\$" <<<"$contents" || { echo "$deb lacks $file" >&2; return 1; }

@@ -1,39 +1,82 @@
-//! snowid under Patroni: a two-node Patroni cluster with a one-member etcd, every process started
-//! here on loopback addresses from Debian's packages and stopped by its process id, snowid's default
-//! settings (worker id 5 on both nodes, `snowid.lease_ttl` 30 s) and its `on_role_change` hook
-//! configured on both nodes exactly as the README says. An application inserts a row every 20 ms
-//! through libpq's multi-host form (`target_session_attrs=read-write`), reconnecting after an
-//! error. Through a switchover, a failover after the leader's node died, the dead node's rejoin
-//! (pg_rewind), a switch back and a frozen leader, in both registry modes, every id the application
-//! received is collected; the stalls are measured from Patroni's promotion.
+//! snowid under Patroni: two-node clusters of Debian's Patroni 3.0.2 with a one-member etcd 3.4, every
+//! process started here on loopback addresses and stopped by its process id, in each registry mode
+//! (the lease table on the nodes, a shared PostgreSQL registry, snowid's keys in Patroni's own etcd),
+//! the nodes configured with the README's fragments of `contrib/patroni/` as written. Patroni runs
+//! with `ttl 10`, `loop_wait 2` and `retry_timeout 3`, or its defaults where a test says so.
+//!
+//! Three clients run throughout, each through libpq (`psql`) and keeping every id it receives: one
+//! through the multi-host form with `target_session_attrs=read-write`, one pinned to the first
+//! primary, one pinned to the standby. A client gives a call two seconds before it leaves its session
+//! and opens another: a frozen server answers nothing, and what the old session still receives later
+//! is kept too. Faults on the primary, each in a fresh cluster: every process of the node frozen
+//! until after the promotion, Patroni and the postmaster frozen while the sessions run, Patroni
+//! killed alone, and the postmaster killed under a long `INSERT ... SELECT snowid_next()`.
+//!
+//! With a worker id per node: no id is received twice, the promoted node issues within a second of
+//! Patroni's promotion, and the old primary's sessions issue after the promotion where the fault lets
+//! them (a real split). With one worker id on both nodes, a misconfiguration the standby reports
+//! before it matters: no id is received twice either, and the promoted node's wait is measured.
 
-use postgres::{Client, NoTls};
 use snowid_cluster_tests::etcd::{signal, EtcdCluster, Process};
-use snowid_cluster_tests::{error_text, free_port, pg_config, Cluster};
+use snowid_cluster_tests::{free_port, host_name, pg_config, Cluster};
 use std::collections::HashMap;
 use std::fs;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const HOOK: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../contrib/patroni/snowid-on-role-change"
-);
+const CONTRIB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/patroni");
+/// snowid's epoch, 2026-01-01, in Unix ms.
+const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
+/// snowid.lease_ttl: the default.
+const LEASE_TTL: Duration = Duration::from_secs(30);
+/// The worker id both nodes share where they are configured with one.
+const SHARED_WORKER_ID: u16 = 5;
 
-fn chown_tree(path: &Path) {
-    let status = Command::new("chown")
-        .args(["-R", "postgres:postgres"])
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(status.success());
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    LeaseTableOnTheNodes,
+    SharedRegistry,
+    Etcd,
 }
 
-/// Patroni's timing: its defaults, or the fast one that fails over in about 10 s.
-#[derive(Clone, Copy)]
+impl Mode {
+    fn fragment(self) -> &'static str {
+        match self {
+            Mode::LeaseTableOnTheNodes => "snowid-lease-table-on-the-nodes.yml",
+            Mode::SharedRegistry => "snowid-shared-registry.yml",
+            Mode::Etcd => "snowid-etcd-registry.yml",
+        }
+    }
+}
+
+/// The README shows every fragment as shipped, so that what the tests run is what operators copy.
+#[test]
+fn the_readme_shows_every_fragment_as_shipped() {
+    let readme = fs::read_to_string(Path::new(CONTRIB).join("../../README.md")).unwrap();
+    for mode in [Mode::LeaseTableOnTheNodes, Mode::SharedRegistry, Mode::Etcd] {
+        let fragment = fs::read_to_string(Path::new(CONTRIB).join(mode.fragment())).unwrap();
+        assert!(
+            readme.contains(&format!("```yaml\n{fragment}```\n")),
+            "README.md does not show contrib/patroni/{} as it is",
+            mode.fragment()
+        );
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WorkerIds {
+    /// As the README says: each node its own, 1 and 2.
+    PerNode,
+    /// A misconfiguration: worker id 5 on both nodes.
+    OneForBoth,
+}
+
+/// Patroni's timing: the fast one that fails over in about 10 s, or its defaults.
+#[derive(Clone, Copy, Debug)]
 struct Timing {
     ttl: u32,
     loop_wait: u32,
@@ -52,6 +95,72 @@ const DEFAULTS: Timing = Timing {
     retry_timeout: 10,
 };
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// Every process of the node (Patroni, the postmaster and all its children) SIGSTOPped until
+    /// after the promotion, as a paused virtual machine.
+    NodeFrozen,
+    /// Patroni and the postmaster SIGSTOPped, the backends running on.
+    PatroniAndPostmasterFrozen,
+    /// Patroni SIGKILLed alone; its PostgreSQL runs on as a primary.
+    PatroniKilled,
+    /// The postmaster SIGKILLed while a backend runs a long `INSERT ... SELECT snowid_next()`,
+    /// with `master_start_timeout: 0`, so that Patroni fails over rather than wait for a restart
+    /// that the orphaned backend's shared memory would hold up.
+    PostmasterKilledUnderInsert,
+}
+
+/// Where a cluster's shared pieces are: its etcd, and its registry server in that mode.
+struct Shared {
+    mode: Mode,
+    ids: WorkerIds,
+    timing: Timing,
+    etcd_port: u16,
+    registry_port: Option<u16>,
+    /// `master_start_timeout: 0` in Patroni's dynamic configuration.
+    fail_over_at_once: bool,
+}
+
+/// The README's fragment for the shared `mode`, as node `number` uses it: its worker id, and the
+/// test's registry or etcd in place of the example's. Returns the lines under
+/// `postgresql.parameters`.
+fn fragment(shared: &Shared, number: u8) -> String {
+    let text = fs::read_to_string(Path::new(CONTRIB).join(shared.mode.fragment())).unwrap();
+    let body: Vec<&str> = text.lines().filter(|line| !line.starts_with('#')).collect();
+    assert_eq!(body[..2], ["postgresql:", "  parameters:"], "{text}");
+    let worker_id = match shared.ids {
+        WorkerIds::PerNode => u16::from(number),
+        WorkerIds::OneForBoth => SHARED_WORKER_ID,
+    };
+    let mut lines = body[2..].join("\n");
+    let replace = |lines: &mut String, example: &str, ours: String| {
+        assert!(lines.contains(example), "{example} in {text}");
+        *lines = lines.replace(example, &ours);
+    };
+    replace(
+        &mut lines,
+        "snowid.worker_id: 1",
+        format!("snowid.worker_id: {worker_id}"),
+    );
+    match shared.mode {
+        Mode::LeaseTableOnTheNodes => {}
+        Mode::SharedRegistry => replace(
+            &mut lines,
+            "host=registry.example.com port=5432 dbname=snowid user=snowid_node1",
+            format!(
+                "host=127.0.0.1 port={} dbname=snowid user=snowid_node{number}",
+                shared.registry_port.unwrap()
+            ),
+        ),
+        Mode::Etcd => replace(
+            &mut lines,
+            "10.0.0.11:2379,10.0.0.12:2379,10.0.0.13:2379",
+            format!("127.0.0.1:{}", shared.etcd_port),
+        ),
+    }
+    lines
+}
+
 /// A Patroni node: its Patroni process and PostgreSQL server, run as `postgres`.
 struct Node {
     name: String,
@@ -62,18 +171,32 @@ struct Node {
 }
 
 impl Node {
-    fn new(base: &Path, name: &str, etcd_port: u16, timing: Timing, registry: Option<u16>) -> Node {
-        let dir = base.join(name);
+    /// A node named `name` configured with the fragment as node `number` uses it, in the Patroni
+    /// cluster `scope`; `extra` is YAML for the top level (a namespace), `extra_dcs` for the
+    /// dynamic configuration (a standby cluster).
+    fn new(
+        base: &Path,
+        name: &str,
+        number: u8,
+        shared: &Shared,
+        scope: &str,
+        extra: &str,
+        extra_dcs: &str,
+    ) -> Node {
+        let name = name.to_string();
+        let dir = base.join(&name);
         fs::create_dir_all(&dir).unwrap();
         let (port, rest_port) = (free_port(), free_port());
-        let registry = registry.map_or(String::new(), |port| {
-            format!(
-                "        snowid.registry: 'host=127.0.0.1 port={port} dbname=postgres user=postgres'\n"
-            )
-        });
+        let timing = shared.timing;
+        let start_timeout = if shared.fail_over_at_once {
+            "    master_start_timeout: 0\n"
+        } else {
+            ""
+        };
         let config = format!(
-            "scope: snowid-patroni
+            "scope: {scope}
 name: {name}
+{extra}
 log:
   level: INFO
 restapi:
@@ -87,13 +210,12 @@ bootstrap:
     loop_wait: {loop_wait}
     retry_timeout: {retry_timeout}
     maximum_lag_on_failover: 1073741824
-    postgresql:
+{start_timeout}{extra_dcs}    postgresql:
       use_pg_rewind: true
       parameters:
         wal_log_hints: 'on'
-        shared_preload_libraries: snowid
-        snowid.worker_id: 5
-{registry}  initdb:
+        fsync: 'off'
+  initdb:
     - encoding: UTF8
   pg_hba:
     - local all all trust
@@ -114,20 +236,21 @@ postgresql:
       username: postgres
   parameters:
     unix_socket_directories: '{dir}'
-  callbacks:
-    on_role_change: \"{HOOK} 'host=127.0.0.1 port={port} dbname=postgres user=postgres'\"
+{fragment}
 ",
+            etcd_port = shared.etcd_port,
             ttl = timing.ttl,
             loop_wait = timing.loop_wait,
             retry_timeout = timing.retry_timeout,
             data = dir.join("data").display(),
             bindir = pg_config("--bindir"),
             dir = dir.display(),
+            fragment = fragment(shared, number),
         );
         let config_path = dir.join("patroni.yml");
         fs::write(&config_path, config).unwrap();
         Node {
-            name: name.to_string(),
+            name,
             dir,
             port,
             config: config_path,
@@ -171,35 +294,93 @@ postgresql:
         text.lines().next()?.trim().parse().ok()
     }
 
-    /// Kills Patroni and the postmaster together, as the node's death would.
-    fn kill(&mut self) {
-        let postmaster = self.postmaster_pid().expect("a running server");
+    /// The postmaster and every process it started.
+    fn server_processes(&self) -> Vec<u32> {
+        let Some(postmaster) = self.postmaster_pid() else {
+            return vec![];
+        };
+        let children = Command::new("pgrep")
+            .args(["-P", &postmaster.to_string()])
+            .output()
+            .unwrap();
+        let mut all = vec![postmaster];
+        all.extend(
+            String::from_utf8_lossy(&children.stdout)
+                .split_whitespace()
+                .map(|pid| pid.parse::<u32>().unwrap()),
+        );
+        all
+    }
+
+    fn patroni_pid(&self) -> u32 {
+        self.patroni.as_ref().expect("Patroni runs").pid()
+    }
+
+    /// Stops every process of the node, Patroni and PostgreSQL alike, for good.
+    fn stop_for_good(&mut self) {
+        let processes = self.server_processes();
+        if let Some(patroni) = &self.patroni {
+            thaw(&[patroni.pid()]);
+        }
         self.patroni.take();
-        signal(postmaster, "-KILL");
+        thaw(&processes);
+        for pid in processes {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 
-    /// Freezes (SIGSTOP) or thaws (SIGCONT) Patroni and the postmaster.
-    fn freeze(&self, how: &str) {
-        signal(self.patroni.as_ref().unwrap().pid(), how);
-        signal(self.postmaster_pid().unwrap(), how);
+    fn psql(&self, sql: &str) -> Result<String, String> {
+        psql(&self.conninfo(), sql)
     }
 
-    fn connect(&self) -> Result<Client, postgres::Error> {
-        let mut config: postgres::Config = format!(
+    fn conninfo(&self) -> String {
+        format!(
             "host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=2",
             self.port
         )
-        .parse()
-        .unwrap();
-        config.connect_timeout(Duration::from_secs(2));
-        config.connect(NoTls)
     }
 
-    /// Whether the server accepts connections and is a primary; `None` while it is down.
+    /// Whether the server accepts connections and is a primary; `None` while it does not answer.
     fn is_primary(&self) -> Option<bool> {
-        let mut client = self.connect().ok()?;
+        let mut config: postgres::Config = self.conninfo().parse().unwrap();
+        config.connect_timeout(Duration::from_secs(2));
+        let mut client = config.connect(postgres::NoTls).ok()?;
         let row = client.query_one("SELECT pg_is_in_recovery()", &[]).ok()?;
         Some(!row.get::<_, bool>(0))
+    }
+
+    /// Whether `replica` streams from this primary: Patroni has finished rejoining it (pg_rewind
+    /// included), so that a switchover to it can start.
+    fn is_streamed_to(&self, replica: &Node) -> bool {
+        replica.is_primary() == Some(false)
+            && self
+                .psql(&format!(
+                    "SELECT count(*) FROM pg_stat_replication WHERE application_name = '{}' AND \
+                     state = 'streaming'",
+                    replica.name
+                ))
+                .is_ok_and(|count| count.trim() == "1")
+    }
+
+    /// Stops the server cleanly (its lease worker releases the lease), Patroni being gone.
+    fn stop_server_cleanly(&self) {
+        let status = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(format!("{}/pg_ctl", pg_config("--bindir")))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "fast", "-w", "stop"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "{} stopped", self.name);
+    }
+
+    /// The name snowid gives this node: Patroni sets cluster_name to its scope.
+    fn holder_name(&self, scope: &str) -> String {
+        format!("{scope}@{}:{}", host_name(), self.port)
     }
 
     fn log(&self) -> String {
@@ -209,132 +390,45 @@ postgresql:
 
 impl Drop for Node {
     fn drop(&mut self) {
-        if let Some(pid) = self.postmaster_pid() {
-            let _ = Command::new("kill")
-                .args(["-CONT", &pid.to_string()])
-                .status();
-        }
-        if let Some(patroni) = &self.patroni {
-            let _ = Command::new("kill")
-                .args(["-CONT", &patroni.pid().to_string()])
-                .status();
-        }
-        self.patroni.take();
-        if let Some(pid) = self.postmaster_pid() {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-        }
+        self.stop_for_good();
     }
 }
 
-/// What the application saw: each id it received, the port of the node that issued it, and when.
-#[derive(Default)]
-struct Seen {
-    ids: Vec<(Instant, i64, u16)>,
-    errors: Vec<(Instant, String)>,
+fn chown_tree(path: &Path) {
+    let status = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success());
 }
 
-/// An application inserting a row every 20 ms through the multi-host connection string, until
-/// stopped; with `fresh`, on a new connection for every row, made by psql (libpq's connect_timeout
-/// bounds the whole of each host's connection, a frozen server's too).
-struct Application {
-    seen: Arc<Mutex<Seen>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+/// One statement through psql, with its output unaligned; the error text (SQLSTATE included)
+/// when it fails.
+fn psql(conninfo: &str, sql: &str) -> Result<String, String> {
+    let output = Command::new(format!("{}/psql", pg_config("--bindir")))
+        .arg(conninfo)
+        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
+        .args(["-v", "VERBOSITY=verbose", "-c", sql])
+        .output()
+        .unwrap();
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
 }
 
-impl Application {
-    fn start(nodes: &[&Node], fresh: bool) -> Application {
-        let ports: Vec<String> = nodes.iter().map(|node| node.port.to_string()).collect();
-        let hosts = vec!["127.0.0.1"; nodes.len()].join(",");
-        let conninfo = format!(
-            "host={hosts} port={} user=postgres dbname=postgres target_session_attrs=read-write connect_timeout=1",
-            ports.join(",")
-        );
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (seen_by_thread, stop_thread) = (seen.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let mut client: Option<Client> = None;
-            let psql = format!("{}/psql", pg_config("--bindir"));
-            while !stop_thread.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                if fresh {
-                    let output = Command::new(&psql)
-                        .arg(&conninfo)
-                        .args(["-X", "-A", "-t", "-q", "-F", " ", "-c"])
-                        .arg("INSERT INTO items DEFAULT VALUES RETURNING id, inet_server_port()")
-                        .output()
-                        .unwrap();
-                    let text = String::from_utf8_lossy(&output.stdout).to_string();
-                    let mut seen = seen_by_thread.lock().unwrap();
-                    match text.trim().split_once(' ') {
-                        Some((id, port)) if output.status.success() => seen.ids.push((
-                            Instant::now(),
-                            id.parse().unwrap(),
-                            port.parse().unwrap(),
-                        )),
-                        _ => seen.errors.push((
-                            Instant::now(),
-                            String::from_utf8_lossy(&output.stderr).to_string(),
-                        )),
-                    }
-                    drop(seen);
-                    std::thread::sleep(Duration::from_millis(20).saturating_sub(started.elapsed()));
-                    continue;
-                }
-                if client.is_none() {
-                    client = Client::connect(&conninfo, NoTls).ok();
-                }
-                if let Some(connected) = client.as_mut() {
-                    let inserted = connected.query_one(
-                        "INSERT INTO items DEFAULT VALUES RETURNING id, inet_server_port()",
-                        &[],
-                    );
-                    let mut seen = seen_by_thread.lock().unwrap();
-                    match inserted {
-                        Ok(row) => {
-                            seen.ids.push((
-                                Instant::now(),
-                                row.get(0),
-                                row.get::<_, i32>(1) as u16,
-                            ));
-                        }
-                        Err(error) => {
-                            let text = error
-                                .as_db_error()
-                                .map(|_| error_text(&error))
-                                .unwrap_or_else(|| error.to_string());
-                            seen.errors.push((Instant::now(), text));
-                            client = None;
-                        }
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20).saturating_sub(started.elapsed()));
-            }
-        });
-        Application {
-            seen,
-            stop,
-            thread: Some(thread),
-        }
-    }
+fn unix_ms_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
 
-    /// The first id issued by the node on `port` after `since`, and when the application got it.
-    fn first_from(&self, port: u16, since: Instant) -> Option<Instant> {
-        let seen = self.seen.lock().unwrap();
-        seen.ids
-            .iter()
-            .find(|&&(at, _, from)| from == port && at >= since)
-            .map(|&(at, _, _)| at)
-    }
-
-    fn finish(mut self) -> Seen {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().unwrap();
-        std::mem::take(&mut *self.seen.lock().unwrap())
-    }
+/// The Unix millisecond an id was issued in.
+fn issued_unix_ms(id: i64) -> i64 {
+    (id >> 22) + EPOCH_UNIX_MS
 }
 
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Instant {
@@ -348,78 +442,730 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> In
     }
 }
 
-/// The moment `node` became a primary, watched every 20 ms.
-fn wait_for_promotion(node: &Node, limit: Duration) -> Instant {
-    wait_until(&format!("{} promoted", node.name), limit, || {
+/// The moment `node` became a primary (watched every 20 ms), by this machine's monotonic clock and
+/// its wall clock.
+fn wait_for_promotion(node: &Node, limit: Duration) -> (Instant, i64) {
+    let at = wait_until(&format!("{} promoted", node.name), limit, || {
         node.is_primary() == Some(true)
+    });
+    (at, unix_ms_now())
+}
+
+/// An id a client received: when, and from which server (its port).
+#[derive(Clone, Copy, Debug)]
+struct Received {
+    at: Instant,
+    id: i64,
+    port: u16,
+}
+
+#[derive(Default)]
+struct Seen {
+    ids: Vec<Received>,
+    /// Each failed call's error, with when and by which client.
+    errors: Vec<(Instant, &'static str, String)>,
+}
+
+/// Clients of the application, inserting a row every 20 ms each, until stopped.
+struct Application {
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    clients: Vec<std::thread::JoinHandle<()>>,
+    sessions: Arc<Mutex<Vec<Child>>>,
+}
+
+/// A call left without an answer this long gives its session up.
+const CALL_LIMIT: Duration = Duration::from_secs(2);
+
+const INSERT: &str = "INSERT INTO items DEFAULT VALUES RETURNING id, inet_server_port();";
+
+impl Application {
+    fn new() -> Application {
+        Application {
+            seen: Arc::default(),
+            stop: Arc::default(),
+            clients: vec![],
+            sessions: Arc::default(),
+        }
+    }
+
+    /// Starts a client named `name` whose sessions connect with `conninfo`.
+    fn client(&mut self, name: &'static str, conninfo: String) {
+        let (seen, stop, sessions) = (self.seen.clone(), self.stop.clone(), self.sessions.clone());
+        self.clients.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                session(name, &conninfo, &seen, &stop, &sessions);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }));
+    }
+
+    /// The first id the server on `port` issued that a client received after `since`.
+    fn first_from(&self, port: u16, since: Instant) -> Option<Received> {
+        let seen = self.seen.lock().unwrap();
+        seen.ids
+            .iter()
+            .find(|received| received.port == port && received.at >= since)
+            .copied()
+    }
+
+    /// How long after `since` the first id from the server on `port` came; fails the test, with
+    /// the clients' last errors, when none came within `limit`.
+    fn wait_for_id(&self, port: u16, since: Instant, limit: Duration) -> Duration {
+        while self.first_from(port, since).is_none() {
+            if since.elapsed() > limit {
+                let seen = self.seen.lock().unwrap();
+                let last: Vec<_> = seen.errors.iter().rev().take(4).collect();
+                let last = format!("{last:?}");
+                drop(seen);
+                panic!("no id from port {port} within {limit:?}; the last errors: {last}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.first_from(port, since).unwrap().at - since
+    }
+
+    fn errors_of(&self, client: &str) -> Vec<(Instant, String)> {
+        let seen = self.seen.lock().unwrap();
+        seen.errors
+            .iter()
+            .filter(|(_, name, _)| *name == client)
+            .map(|(at, _, text)| (*at, text.clone()))
+            .collect()
+    }
+
+    fn finish(mut self) -> Seen {
+        self.stop.store(true, Ordering::Relaxed);
+        for client in self.clients.drain(..) {
+            client.join().unwrap();
+        }
+        for mut session in self.sessions.lock().unwrap().drain(..) {
+            let _ = session.kill();
+            let _ = session.wait();
+        }
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+/// One session of a client: a psql process, sent an insert once the answer to the one before has
+/// come. Returns when psql ends (its connection lost or refused), when a call goes unanswered for
+/// `CALL_LIMIT` (the session is left to psql, whose late answers are still read and kept), or at the
+/// application's stop.
+fn session(
+    name: &'static str,
+    conninfo: &str,
+    seen: &Arc<Mutex<Seen>>,
+    stop: &Arc<AtomicBool>,
+    sessions: &Arc<Mutex<Vec<Child>>>,
+) {
+    let mut child = Command::new(format!("{}/psql", pg_config("--bindir")))
+        .arg(conninfo)
+        .args(["-X", "-A", "-t", "-q", "-F", " ", "-v", "VERBOSITY=verbose"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    sessions.lock().unwrap().push(child);
+    // Answers: an id line, then the marker that ends every call.
+    let (answers, answered) = std::sync::mpsc::channel::<()>();
+    let seen_by_reader = seen.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line == "answered" {
+                if answers.send(()).is_err() {
+                    // The session was given up: its answers are kept all the same.
+                }
+                continue;
+            }
+            if let Some((id, port)) = line.split_once(' ') {
+                if let (Ok(id), Ok(port)) = (id.parse(), port.parse()) {
+                    seen_by_reader.lock().unwrap().ids.push(Received {
+                        at: Instant::now(),
+                        id,
+                        port,
+                    });
+                }
+            }
+        }
+    });
+    let seen_by_errors = seen.clone();
+    std::thread::spawn(move || {
+        // A message's first line (`ERROR:  ...`, or psql's own `psql: error: ...`), then its
+        // DETAIL, HINT and LOCATION lines. Errors are kept; warnings and notices are not.
+        let keep = |text: String| {
+            if text.starts_with("ERROR:") || text.starts_with("FATAL:") || text.starts_with("psql:")
+            {
+                seen_by_errors
+                    .lock()
+                    .unwrap()
+                    .errors
+                    .push((Instant::now(), name, text));
+            }
+        };
+        const FIRST_LINES: [&str; 6] =
+            ["ERROR:", "FATAL:", "WARNING:", "NOTICE:", "INFO:", "psql:"];
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if FIRST_LINES.iter().any(|first| line.starts_with(first)) {
+                keep(std::mem::take(&mut text));
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        keep(text);
+    });
+    while !stop.load(Ordering::Relaxed) {
+        let called = Instant::now();
+        if writeln!(stdin, "{INSERT}\n\\echo answered").is_err() {
+            return;
+        }
+        match answered.recv_timeout(CALL_LIMIT) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        std::thread::sleep(Duration::from_millis(20).saturating_sub(called.elapsed()));
+    }
+}
+
+/// Every id received, from every server: none twice.
+fn assert_no_id_twice(seen: &Seen, what: &str) {
+    let mut by_id: HashMap<i64, Vec<u16>> = HashMap::new();
+    for received in &seen.ids {
+        by_id.entry(received.id).or_default().push(received.port);
+    }
+    let twice: Vec<(&i64, &Vec<u16>)> = by_id.iter().filter(|(_, ports)| ports.len() > 1).collect();
+    assert!(twice.is_empty(), "{what}: ids received twice: {twice:?}");
+}
+
+/// A two-node Patroni cluster, node1 leading and node2 streaming, snowid created with the table
+/// `items`; its etcd, and in the shared registry mode its registry server.
+struct PatroniCluster {
+    base: PathBuf,
+    scope: String,
+    shared: Shared,
+    _etcd: EtcdCluster,
+    _registry: Option<Cluster>,
+    one: Node,
+    two: Node,
+}
+
+impl PatroniCluster {
+    fn start(
+        mode: Mode,
+        ids: WorkerIds,
+        timing: Timing,
+        fail_over_at_once: bool,
+    ) -> PatroniCluster {
+        let base = std::env::temp_dir().join(format!(
+            "snowid-patroni-{mode:?}-{ids:?}-{}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(&base).unwrap();
+        let etcd = EtcdCluster::start(&base.join("etcd"), 1, None);
+        let registry = (mode == Mode::SharedRegistry).then(registry_server);
+        let shared = Shared {
+            mode,
+            ids,
+            timing,
+            etcd_port: etcd.members[0].client_port,
+            registry_port: registry.as_ref().map(|registry| registry.port),
+            fail_over_at_once,
+        };
+        let scope = "snowid-patroni".to_string();
+        let mut one = Node::new(&base, "node1", 1, &shared, &scope, "", "");
+        let mut two = Node::new(&base, "node2", 2, &shared, &scope, "", "");
+        one.start();
+        wait_for_promotion(&one, Duration::from_secs(90));
+        one.psql(
+            "CREATE EXTENSION snowid;
+             CREATE TABLE items (id bigint PRIMARY KEY DEFAULT snowid_next())",
+        )
+        .unwrap();
+        assert_eq!(
+            one.psql("SELECT snowid_wait_ready('15 seconds')")
+                .unwrap()
+                .trim(),
+            "t"
+        );
+        two.start();
+        wait_until("node2 streaming", Duration::from_secs(90), || {
+            two.is_primary() == Some(false)
+        });
+        PatroniCluster {
+            base,
+            scope,
+            shared,
+            _etcd: etcd,
+            _registry: registry,
+            one,
+            two,
+        }
+    }
+
+    /// The server that node2's status names as the holder of its worker id while it is a
+    /// standby (`worker_id_held_by`), and its last error.
+    fn standby_report(&self) -> (Option<String>, Option<String>) {
+        let mut client = postgres::Client::connect(&self.two.conninfo(), postgres::NoTls).unwrap();
+        let row = client
+            .query_one(
+                "SELECT worker_id_held_by, last_error FROM snowid_status()",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
+}
+
+impl Drop for PatroniCluster {
+    /// Stops every process; keeps the directory, with every node's logs, when the test failed.
+    fn drop(&mut self) {
+        self.one.stop_for_good();
+        self.two.stop_for_good();
+        if std::thread::panicking() {
+            eprintln!(
+                "the cluster's directory, logs included: {}",
+                self.base.display()
+            );
+        } else {
+            let _ = fs::remove_dir_all(&self.base);
+        }
+    }
+}
+
+/// A registry server as the README sets one up: snowid in its database `snowid`, and a role of its
+/// own for each node with the two GRANTs.
+fn registry_server() -> Cluster {
+    let registry = Cluster::start("patroni-registry", &[]);
+    registry
+        .connect()
+        .batch_execute("CREATE DATABASE snowid")
+        .unwrap();
+    registry
+        .connect_to("snowid")
+        .batch_execute(
+            "CREATE EXTENSION snowid;
+             CREATE ROLE snowid_node1 LOGIN; CREATE ROLE snowid_node2 LOGIN;
+             GRANT USAGE ON SCHEMA snowid TO snowid_node1, snowid_node2;
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA snowid TO snowid_node1, snowid_node2;",
+        )
+        .unwrap();
+    registry
+}
+
+/// Thaws the processes `frozen`, those that still exist: the thawed postmaster may reap a child
+/// that had exited before the freeze.
+fn thaw(frozen: &[u32]) {
+    for &pid in frozen {
+        let _ = Command::new("kill")
+            .args(["-CONT", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Waits until process `pid` has exited (gone, or a zombie not yet reaped).
+fn wait_until_dead(pid: u32) {
+    wait_until(
+        &format!("process {pid} exited"),
+        Duration::from_secs(5),
+        || {
+            fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z'))
+            })
+        },
+    );
+}
+
+/// One fault on the primary of a fresh cluster, with the three clients running throughout.
+fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
+    let what = format!("{mode:?}, {ids:?}, {fault:?}, Patroni's ttl {}", timing.ttl);
+    let mut cluster = PatroniCluster::start(
+        mode,
+        ids,
+        timing,
+        fault == Fault::PostmasterKilledUnderInsert,
+    );
+    let holder = cluster.one.holder_name(&cluster.scope);
+    let (one_port, two_port) = (cluster.one.port, cluster.two.port);
+    let mut application = Application::new();
+    application.client(
+        "router",
+        format!(
+            "host=127.0.0.1,127.0.0.1 port={one_port},{two_port} user=postgres dbname=postgres \
+             target_session_attrs=read-write connect_timeout=1"
+        ),
+    );
+    application.client("first primary", cluster.one.conninfo());
+    application.client("standby", cluster.two.conninfo());
+    let clients_started = Instant::now();
+
+    // The standby says whether another server holds its worker id (its primary, here): in its
+    // status, and once in its log.
+    match ids {
+        WorkerIds::PerNode => {
+            std::thread::sleep(Duration::from_secs(3));
+            assert_eq!(cluster.standby_report(), (None, None), "{what}");
+        }
+        WorkerIds::OneForBoth => {
+            wait_until("node2 to name the holder", Duration::from_secs(15), || {
+                cluster.standby_report() == (Some(holder.clone()), None)
+            });
+            let warning = format!(
+                "WARNING:  snowid: worker id {SHARED_WORKER_ID} of this standby is held by {holder}"
+            );
+            assert_eq!(cluster.two.log().matches(&warning).count(), 1, "{what}");
+        }
+    }
+    std::thread::sleep(
+        (clients_started + Duration::from_secs(3)).saturating_duration_since(Instant::now()),
+    );
+    let steady = Instant::now() - Duration::from_secs(2);
+    assert!(
+        application.first_from(one_port, steady).is_some(),
+        "{what}: node1 issues before the fault"
+    );
+
+    // The fault.
+    let frozen: Vec<u32> = match fault {
+        Fault::NodeFrozen => {
+            let mut all = vec![cluster.one.patroni_pid()];
+            all.extend(cluster.one.server_processes());
+            all
+        }
+        Fault::PatroniAndPostmasterFrozen => vec![
+            cluster.one.patroni_pid(),
+            cluster.one.postmaster_pid().unwrap(),
+        ],
+        Fault::PatroniKilled | Fault::PostmasterKilledUnderInsert => vec![],
+    };
+    for &pid in &frozen {
+        signal(pid, "-STOP");
+    }
+    let mut long_insert = None;
+    match fault {
+        Fault::PatroniKilled => {
+            cluster.one.patroni.take();
+        }
+        Fault::PostmasterKilledUnderInsert => {
+            let conninfo = cluster.one.conninfo();
+            long_insert = Some(std::thread::spawn(move || {
+                psql(
+                    &conninfo,
+                    "INSERT INTO items SELECT snowid_next() FROM generate_series(1, 3000000) \
+                     RETURNING id",
+                )
+            }));
+            std::thread::sleep(Duration::from_millis(700));
+            let postmaster = cluster.one.postmaster_pid().unwrap();
+            signal(postmaster, "-KILL");
+            wait_until_dead(postmaster);
+        }
+        Fault::NodeFrozen | Fault::PatroniAndPostmasterFrozen => {}
+    }
+    let (faulted, faulted_unix_ms) = (Instant::now(), unix_ms_now());
+    let promotion_limit = Duration::from_secs(u64::from(timing.ttl) * 3 + 30);
+    let (promoted, promoted_unix_ms) = wait_for_promotion(&cluster.two, promotion_limit);
+    if fault == Fault::NodeFrozen {
+        std::thread::sleep(Duration::from_secs(1));
+        thaw(&frozen);
+    }
+
+    // The promoted node's first id.
+    let stall = match ids {
+        WorkerIds::PerNode => Some(Stall {
+            after_promotion: application.wait_for_id(two_port, promoted, Duration::from_secs(10)),
+            after_old_primary_stopped: None,
+        }),
+        WorkerIds::OneForBoth => one_worker_id_stall(
+            &mut cluster,
+            &application,
+            fault,
+            &frozen,
+            (faulted, promoted),
+            &what,
+        ),
+    };
+    // The old primary's sessions run on where the fault lets them; then it is thawed, and stopped.
+    std::thread::sleep(Duration::from_secs(3));
+    thaw(&frozen);
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.one.stop_for_good();
+    let long_insert = long_insert.map(|thread| thread.join().unwrap());
+    let seen = application.finish();
+
+    let from_one_after: Vec<&Received> = seen
+        .ids
+        .iter()
+        .filter(|received| {
+            received.port == one_port && issued_unix_ms(received.id) > promoted_unix_ms
+        })
+        .collect();
+    println!(
+        "{what}: node2 promoted {:.1} s after the fault, {}; node1 issued {} ids after the \
+         promotion; {} ids received in all",
+        (promoted - faulted).as_secs_f64(),
+        stall.map_or(
+            "then demoted by Patroni, which kept node1".into(),
+            |stall| {
+                format!(
+                    "its first id {:.2} s after the promotion{}",
+                    stall.after_promotion.as_secs_f64(),
+                    stall
+                        .after_old_primary_stopped
+                        .map_or(String::new(), |after| format!(
+                            " and {:.2} s after node1 stopped issuing",
+                            after.as_secs_f64()
+                        ))
+                )
+            }
+        ),
+        from_one_after.len(),
+        seen.ids.len()
+    );
+    assert_no_id_twice(&seen, &what);
+    match (ids, stall) {
+        (WorkerIds::PerNode, Some(stall)) => {
+            assert!(
+                stall.after_promotion <= Duration::from_secs(1),
+                "{what}: {stall:?}"
+            );
+        }
+        // As the README says: within a lease's length of node1's last chance to issue, and the
+        // claim's retries.
+        (WorkerIds::OneForBoth, Some(stall)) => {
+            let after = stall.after_old_primary_stopped.unwrap();
+            assert!(
+                after <= LEASE_TTL + Duration::from_secs(3),
+                "{what}: {stall:?}"
+            );
+        }
+        (WorkerIds::PerNode, None) => unreachable!(),
+        (WorkerIds::OneForBoth, None) => {}
+    }
+    match fault {
+        // A real split: the old primary's sessions issued after the promotion. A frozen node's
+        // sessions do while its lease lasts after the thaw; with one worker id on both, it may
+        // have run out by then.
+        Fault::NodeFrozen | Fault::PatroniAndPostmasterFrozen | Fault::PatroniKilled => {
+            if ids == WorkerIds::PerNode || fault != Fault::NodeFrozen {
+                assert!(
+                    !from_one_after.is_empty(),
+                    "{what}: node1 issued nothing after the promotion"
+                );
+            }
+        }
+        // The orphaned backend stopped at its next id, and no session of node1 issued once its
+        // postmaster was gone.
+        Fault::PostmasterKilledUnderInsert => {
+            let error = long_insert.unwrap().unwrap_err();
+            for line in [
+                "FATAL:  57P01: snowid refuses to issue ids: the postmaster of this server has \
+                 exited",
+                "DETAIL:  Nothing renews this server's lease without its postmaster, and another \
+                 server may soon issue under its worker id: a session that outlives its \
+                 postmaster ends rather than issue beside it.",
+                "HINT:  Connect again: to this server once it has restarted, or to the one that \
+                 replaced it.",
+            ] {
+                assert!(error.lines().any(|l| l == line), "{what}: {error}");
+            }
+            let late: Vec<&Received> = seen
+                .ids
+                .iter()
+                .filter(|received| {
+                    received.port == one_port && issued_unix_ms(received.id) > faulted_unix_ms
+                })
+                .collect();
+            assert!(
+                late.is_empty(),
+                "{what}: node1 issued after its postmaster died: {late:?}"
+            );
+        }
+    }
+}
+
+/// Which node Patroni keeps as the primary once a thawed old primary and the promoted node have
+/// met: `None` when it demoted the promoted node instead (seen with Patroni 3.0.2 and etcd3, when
+/// the thawed node's Patroni writes its leader key back).
+fn kept_primary(cluster: &PatroniCluster) -> Option<()> {
+    let mut kept = None;
+    wait_until("one primary", Duration::from_secs(60), || {
+        kept = match (cluster.one.is_primary(), cluster.two.is_primary()) {
+            (Some(true), Some(false)) => Some(None),
+            (Some(false) | None, Some(true)) => Some(Some(())),
+            _ => None,
+        };
+        kept.is_some()
+    });
+    kept.unwrap()
+}
+
+/// With one worker id on both nodes: the promoted node issues nothing while node1 may, and its
+/// first id comes only once node1 can no longer issue. Returns how long after the promotion and
+/// after node1 stopped issuing that was, or `None` where Patroni demoted the promoted node and
+/// kept node1.
+fn one_worker_id_stall(
+    cluster: &mut PatroniCluster,
+    application: &Application,
+    fault: Fault,
+    frozen: &[u32],
+    (faulted, promoted): (Instant, Instant),
+    what: &str,
+) -> Option<Stall> {
+    let holder = cluster.one.holder_name(&cluster.scope);
+    let two_port = cluster.two.port;
+    let stopped;
+    match cluster.shared.mode {
+        // Only a human frees the row: node2 refuses, saying so, until node1 is stopped for good
+        // and its worker id handed over.
+        Mode::LeaseTableOnTheNodes => {
+            if fault == Fault::NodeFrozen {
+                kept_primary(cluster)?;
+            }
+            std::thread::sleep(Duration::from_secs(5));
+            assert!(
+                application.first_from(two_port, promoted).is_none(),
+                "{what}"
+            );
+            let expected = format!(
+                "ERROR:  55000: snowid refuses to issue ids: worker id {SHARED_WORKER_ID} is held by \
+                 {holder}, another server that has not released it"
+            );
+            let refusals: Vec<String> = application
+                .errors_of("standby")
+                .into_iter()
+                .filter(|(at, _)| *at > promoted + Duration::from_secs(1))
+                .map(|(_, text)| text)
+                .collect();
+            assert!(
+                !refusals.is_empty(),
+                "{what}: the standby client's errors: {:?}",
+                application.errors_of("standby")
+            );
+            for refusal in &refusals {
+                assert!(refusal.starts_with(&expected), "{what}: {refusal}");
+                assert!(
+                    refusal.contains(&format!(
+                        "run SELECT snowid_handover({SHARED_WORKER_ID}) on this server."
+                    )),
+                    "{what}: {refusal}"
+                );
+            }
+            cluster.one.stop_for_good();
+            stopped = Instant::now();
+            let freed = cluster
+                .two
+                .psql(&format!("SELECT snowid_handover({SHARED_WORKER_ID})"))
+                .unwrap();
+            assert_eq!(freed.trim(), holder, "{what}");
+        }
+        // node2 waits for node1's lease to run out. While node1's lease worker runs on (its
+        // postmaster frozen, or its Patroni gone), it renews: node2 issues nothing for longer than
+        // a lease, until node1 stops: thawed, its Patroni demotes it (or demotes node2 instead);
+        // without Patroni, an operator stops it, cleanly, so that it releases its lease.
+        Mode::SharedRegistry | Mode::Etcd => match fault {
+            Fault::PatroniAndPostmasterFrozen | Fault::PatroniKilled => {
+                std::thread::sleep(LEASE_TTL + Duration::from_secs(5));
+                assert!(
+                    application.first_from(two_port, promoted).is_none(),
+                    "{what}: node2 issued while node1 renewed its lease"
+                );
+                if fault == Fault::PatroniKilled {
+                    cluster.one.stop_server_cleanly();
+                } else {
+                    thaw(frozen);
+                    kept_primary(cluster)?;
+                }
+                stopped = Instant::now();
+            }
+            // Thawed, node1 issues on while its lease lasts, until Patroni demotes it.
+            Fault::NodeFrozen => {
+                kept_primary(cluster)?;
+                stopped = Instant::now();
+            }
+            Fault::PostmasterKilledUnderInsert => stopped = faulted,
+        },
+    }
+    let limit = promoted.elapsed() + LEASE_TTL + Duration::from_secs(20);
+    let after_promotion = application.wait_for_id(two_port, promoted, limit);
+    Some(Stall {
+        after_promotion,
+        after_old_primary_stopped: Some(
+            (promoted + after_promotion).saturating_duration_since(stopped),
+        ),
     })
 }
 
-/// Waits until the application has an id from `node` issued after `since`; returns how long after
-/// `since` that was.
-fn stall(application: &Application, node: &Node, since: Instant, limit: Duration) -> Duration {
-    wait_until(&format!("ids from {}", node.name), limit, || {
-        application.first_from(node.port, since).is_some()
-    });
-    application.first_from(node.port, since).unwrap() - since
+/// How long the promoted node took to issue: after its promotion, and after the old primary could
+/// no longer issue (with one worker id on both).
+#[derive(Debug, Clone, Copy)]
+struct Stall {
+    after_promotion: Duration,
+    after_old_primary_stopped: Option<Duration>,
 }
 
-/// A node that is a replica refuses with 25006 (once it has settled: a demoted node may restart).
-fn assert_refuses_as_replica(node: &Node) {
-    let mut refusal = String::new();
-    wait_until(
-        &format!("{} answering", node.name),
-        Duration::from_secs(30),
-        || {
-            let Ok(mut client) = node.connect() else {
-                return false;
-            };
-            match client.query_one("SELECT snowid_next()", &[]) {
-                // 57P01 and the like: the server is shutting down or restarting; ask again.
-                Err(error)
-                    if error
-                        .code()
-                        .is_some_and(|code| !code.code().starts_with("57")) =>
-                {
-                    refusal = error_text(&error);
-                    true
-                }
-                Ok(_) => panic!("{} issued an id as a replica", node.name),
-                Err(_) => false,
+macro_rules! faults {
+    ($($name:ident: $mode:ident, $ids:ident, $fault:ident, $timing:ident;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                fail_over(Mode::$mode, WorkerIds::$ids, Fault::$fault, $timing);
             }
-        },
-    );
-    assert!(
-        refusal.starts_with("25006: snowid cannot issue ids on a server in recovery"),
-        "{}: {refusal}",
-        node.name
-    );
+        )*
+    };
 }
 
-/// Every id the application received, from every node: none twice.
-fn assert_no_id_twice(seen: &Seen) {
-    let mut by_id: HashMap<i64, Vec<u16>> = HashMap::new();
-    for &(_, id, port) in &seen.ids {
-        by_id.entry(id).or_default().push(port);
-    }
-    let twice: Vec<(&i64, &Vec<u16>)> = by_id.iter().filter(|(_, ports)| ports.len() > 1).collect();
-    assert!(twice.is_empty(), "ids received twice: {twice:?}");
+faults! {
+    lease_table_per_node_node_frozen: LeaseTableOnTheNodes, PerNode, NodeFrozen, FAST;
+    lease_table_per_node_patroni_and_postmaster_frozen: LeaseTableOnTheNodes, PerNode, PatroniAndPostmasterFrozen, FAST;
+    lease_table_per_node_patroni_killed: LeaseTableOnTheNodes, PerNode, PatroniKilled, FAST;
+    lease_table_per_node_postmaster_killed_under_insert: LeaseTableOnTheNodes, PerNode, PostmasterKilledUnderInsert, FAST;
+    shared_registry_per_node_node_frozen: SharedRegistry, PerNode, NodeFrozen, FAST;
+    shared_registry_per_node_patroni_and_postmaster_frozen: SharedRegistry, PerNode, PatroniAndPostmasterFrozen, FAST;
+    shared_registry_per_node_patroni_killed: SharedRegistry, PerNode, PatroniKilled, FAST;
+    shared_registry_per_node_postmaster_killed_under_insert: SharedRegistry, PerNode, PostmasterKilledUnderInsert, FAST;
+    etcd_per_node_node_frozen: Etcd, PerNode, NodeFrozen, FAST;
+    etcd_per_node_patroni_and_postmaster_frozen: Etcd, PerNode, PatroniAndPostmasterFrozen, FAST;
+    etcd_per_node_patroni_killed: Etcd, PerNode, PatroniKilled, FAST;
+    etcd_per_node_postmaster_killed_under_insert: Etcd, PerNode, PostmasterKilledUnderInsert, FAST;
+    lease_table_one_worker_id_node_frozen: LeaseTableOnTheNodes, OneForBoth, NodeFrozen, FAST;
+    lease_table_one_worker_id_patroni_and_postmaster_frozen: LeaseTableOnTheNodes, OneForBoth, PatroniAndPostmasterFrozen, FAST;
+    lease_table_one_worker_id_patroni_killed: LeaseTableOnTheNodes, OneForBoth, PatroniKilled, FAST;
+    lease_table_one_worker_id_postmaster_killed_under_insert: LeaseTableOnTheNodes, OneForBoth, PostmasterKilledUnderInsert, FAST;
+    shared_registry_one_worker_id_node_frozen: SharedRegistry, OneForBoth, NodeFrozen, FAST;
+    shared_registry_one_worker_id_patroni_and_postmaster_frozen: SharedRegistry, OneForBoth, PatroniAndPostmasterFrozen, FAST;
+    shared_registry_one_worker_id_patroni_killed: SharedRegistry, OneForBoth, PatroniKilled, FAST;
+    shared_registry_one_worker_id_postmaster_killed_under_insert: SharedRegistry, OneForBoth, PostmasterKilledUnderInsert, FAST;
+    etcd_one_worker_id_node_frozen: Etcd, OneForBoth, NodeFrozen, FAST;
+    etcd_one_worker_id_patroni_and_postmaster_frozen: Etcd, OneForBoth, PatroniAndPostmasterFrozen, FAST;
+    etcd_one_worker_id_patroni_killed: Etcd, OneForBoth, PatroniKilled, FAST;
+    etcd_one_worker_id_postmaster_killed_under_insert: Etcd, OneForBoth, PostmasterKilledUnderInsert, FAST;
+    shared_registry_one_worker_id_postmaster_killed_with_patronis_default_timing: SharedRegistry, OneForBoth, PostmasterKilledUnderInsert, DEFAULTS;
+    shared_registry_one_worker_id_node_frozen_with_patronis_default_timing: SharedRegistry, OneForBoth, NodeFrozen, DEFAULTS;
+    etcd_one_worker_id_node_frozen_with_patronis_default_timing: Etcd, OneForBoth, NodeFrozen, DEFAULTS;
+    shared_registry_per_node_node_frozen_with_patronis_default_timing: SharedRegistry, PerNode, NodeFrozen, DEFAULTS;
 }
 
-/// The scenarios of one registry mode, in order, on one Patroni cluster.
-/// `patronictl switchover` from node1 to node2: ids from node2 within 10 s of the call, and node1
-/// a replica that refuses.
-fn switch_over_to_node2(application: &Application, one: &Node, two: &Node, what: &str) {
+/// `patronictl switchover` from `from` to `to`, with `from`'s configuration; returns when it was
+/// called.
+fn switch_over(from: &Node, to: &Node) -> Instant {
     let called = Instant::now();
     let output = Command::new("patronictl")
         .arg("-c")
-        .arg(&two.config)
+        .arg(&from.config)
         .args([
             "switchover",
             "--leader",
-            "node1",
+            &from.name,
             "--candidate",
-            "node2",
+            &to.name,
             "--force",
         ])
         .output()
@@ -429,273 +1175,259 @@ fn switch_over_to_node2(application: &Application, one: &Node, two: &Node, what:
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let switched = stall(application, two, called, Duration::from_secs(20));
-    println!("{what}: ids from node2 {switched:?} after the call");
-    assert!(switched <= Duration::from_secs(10), "{switched:?}");
-    wait_until(
-        "node1 rejoined as a replica",
-        Duration::from_secs(60),
-        || one.is_primary() == Some(false),
+    called
+}
+
+/// Switchovers and a switch back after a crash, with a worker id per node: a clean switchover, and
+/// the switch back from it, issue at once; node1 crashed, failed over from, rejoined through
+/// pg_rewind and switched back to soon after waits for its own worker id's mark, which runs a whole
+/// `snowid.lease_ttl` ahead of its last renewal.
+fn switch_back(mode: Mode) {
+    let what = format!("{mode:?}");
+    let mut cluster = PatroniCluster::start(mode, WorkerIds::PerNode, FAST, false);
+    let (one_port, two_port) = (cluster.one.port, cluster.two.port);
+    let mut application = Application::new();
+    application.client(
+        "router",
+        format!(
+            "host=127.0.0.1,127.0.0.1 port={one_port},{two_port} user=postgres dbname=postgres \
+             target_session_attrs=read-write connect_timeout=1"
+        ),
     );
-    assert_refuses_as_replica(one);
-}
-
-/// A two-node Patroni cluster with `timing`, leader node1, replica node2 streaming, snowid created
-/// with the table `items`; with `shared_registry`, a registry server beside it. Kept alive by the
-/// returned parts.
-struct PatroniCluster {
-    base: PathBuf,
-    _etcd: EtcdCluster,
-    _registry: Option<Cluster>,
-    one: Node,
-    two: Node,
-    mode: &'static str,
-}
-
-impl PatroniCluster {
-    fn start(shared_registry: bool, timing: Timing) -> PatroniCluster {
-        let base = std::env::temp_dir().join(format!(
-            "snowid-patroni-{}-{}-{}",
-            if shared_registry { "shared" } else { "local" },
-            timing.ttl,
-            std::process::id()
-        ));
-        let _ = fs::remove_dir_all(&base);
-        fs::create_dir_all(&base).unwrap();
-        let etcd = EtcdCluster::start(&base.join("etcd"), 1, None);
-        let etcd_port = etcd.members[0].client_port;
-        let registry = shared_registry.then(|| {
-            let registry = Cluster::start("patroni-registry", &[]);
-            registry
-                .connect()
-                .batch_execute("CREATE EXTENSION snowid")
-                .unwrap();
-            registry
-        });
-        let registry_port = registry.as_ref().map(|registry| registry.port);
-        let mut one = Node::new(&base, "node1", etcd_port, timing, registry_port);
-        let mut two = Node::new(&base, "node2", etcd_port, timing, registry_port);
-        one.start();
-        wait_for_promotion(&one, Duration::from_secs(90));
-        one.connect()
-            .unwrap()
-            .batch_execute(
-                "CREATE EXTENSION snowid;
-                 CREATE TABLE items (id bigint PRIMARY KEY DEFAULT snowid_next())",
-            )
-            .unwrap();
-        two.start();
-        wait_until("node2 streaming", Duration::from_secs(90), || {
-            two.is_primary() == Some(false)
-        });
-        PatroniCluster {
-            base,
-            _etcd: etcd,
-            _registry: registry,
-            one,
-            two,
-            mode: if shared_registry {
-                "shared registry"
-            } else {
-                "lease table on the nodes"
-            },
-        }
-    }
-
-    /// How many times the hook answered `what` on either node.
-    fn hook_answers(&self, what: &str) -> usize {
-        let line = format!("snowid-on-role-change: {what}");
-        self.one.log().matches(&line).count() + self.two.log().matches(&line).count()
-    }
-}
-
-impl Drop for PatroniCluster {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.base);
-    }
-}
-
-/// The scenarios of one registry mode, in order, on one Patroni cluster with the fast timing.
-fn switchover_failover_rejoin_and_switch_back(shared_registry: bool) {
-    let mut cluster = PatroniCluster::start(shared_registry, FAST);
-    let PatroniCluster { one, two, mode, .. } = &mut cluster;
-    let mode = *mode;
-    let application = Application::start(&[&one, &two], false);
-    let started = Instant::now();
-    stall(&application, &one, started, Duration::from_secs(20));
-
-    // Switchover: node1 stops cleanly, releasing its lease; node2 takes it at once.
-    switch_over_to_node2(&application, one, two, &format!("{mode}: switchover"));
-
-    // Failover: node2's Patroni and postmaster die together; Patroni promotes node1.
+    let first_from =
+        |port: u16, since: Instant, limit: Duration| application.wait_for_id(port, since, limit);
     std::thread::sleep(Duration::from_secs(2));
-    two.kill();
-    let killed = Instant::now();
-    let promoted = wait_for_promotion(&one, Duration::from_secs(60));
-    let back = stall(&application, &one, promoted, Duration::from_secs(40));
-    println!(
-        "{mode}: failover: node1 promoted {:?} after node2 died, ids again {back:?} after the promotion",
-        promoted - killed
-    );
-    assert!(back <= Duration::from_secs(2), "{mode}: {back:?}");
-
-    // Rejoin: node2 comes back through pg_rewind, which copies node1's ceiling over its own.
-    two.start();
-    wait_until(
-        "node2 rejoined as a replica",
-        Duration::from_secs(90),
-        || two.is_primary() == Some(false),
-    );
-    assert_refuses_as_replica(&two);
-    // pg_rewind copied node1's ceiling over node2's own: it names node1 as its holder, so node2,
-    // promoted next, starts afresh rather than from it.
-    let holder_of = |node: &Node| -> String {
-        let text = fs::read_to_string(node.dir.join("data/snowid.ceiling")).unwrap_or_default();
-        text.lines().nth(1).unwrap_or_default().to_string()
-    };
-    if !shared_registry {
-        assert!(
-            holder_of(&one).starts_with("holder "),
-            "node1 records a ceiling"
-        );
-        assert_eq!(
-            holder_of(&two),
-            holder_of(&one),
-            "pg_rewind copied node1's ceiling"
-        );
-    }
-
-    // Switch back: node2 leads again, above every id node1 issued.
-    std::thread::sleep(Duration::from_secs(2));
-    switch_over_to_node2(&application, one, two, &format!("{mode}: switch back"));
-
-    // A frozen leader: node2's Patroni and postmaster stopped (SIGSTOP) while node1 is promoted.
-    // Its backends still run: the application's session goes on inserting there, while a second
-    // application, connecting for every row, finds node1 once it is promoted.
-    std::thread::sleep(Duration::from_secs(2));
-    let fresh = Application::start(&[&one, &two], true);
-    std::thread::sleep(Duration::from_secs(1));
-    two.freeze("-STOP");
-    let frozen = Instant::now();
-    let promoted = wait_for_promotion(&one, Duration::from_secs(60));
-    let back = stall(&fresh, &one, promoted, Duration::from_secs(40));
-    std::thread::sleep(Duration::from_secs(3));
-    two.freeze("-CONT");
-    let thawed = Instant::now();
-    // Patroni demotes one of the two: the thawed node, which has lost its leader key, or (seen with
-    // Patroni 3.0.2 and etcd3) the promoted one, when the thawed node's Patroni writes its key back.
-    let mut kept = None;
-    let demoted = wait_until("one node demoted", Duration::from_secs(60), || {
-        kept = match (one.is_primary(), two.is_primary()) {
-            (Some(true), Some(false)) => Some(&one),
-            (Some(false), Some(true)) => Some(&two),
-            _ => None,
-        };
-        kept.is_some()
+    let called = switch_over(&cluster.one, &cluster.two);
+    let to_two = first_from(two_port, called, Duration::from_secs(20));
+    wait_until("node1 a replica", Duration::from_secs(60), || {
+        cluster.two.is_streamed_to(&cluster.one)
     });
-    let kept = kept.unwrap();
-    let replica = if std::ptr::eq(kept, &one) { &two } else { &one };
+    std::thread::sleep(Duration::from_secs(2));
+    let called = switch_over(&cluster.two, &cluster.one);
+    let back_to_one = first_from(one_port, called, Duration::from_secs(20));
+    wait_until("node2 a replica", Duration::from_secs(60), || {
+        cluster.one.is_streamed_to(&cluster.two)
+    });
+
+    // node1 crashes: node2 is promoted; node1 rejoins and is switched back to.
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.one.stop_for_good();
+    let crashed = Instant::now();
+    wait_for_promotion(&cluster.two, Duration::from_secs(60));
+    cluster.one.start();
+    wait_until("node1 rejoined", Duration::from_secs(90), || {
+        cluster.two.is_streamed_to(&cluster.one)
+    });
+    let called = switch_over(&cluster.two, &cluster.one);
+    let after_crash = first_from(one_port, called, LEASE_TTL + Duration::from_secs(20));
     std::thread::sleep(Duration::from_secs(1));
-    let fresh = fresh.finish();
     let seen = application.finish();
-    let last_from_two = seen
+    println!(
+        "{what}: switchover: ids from node2 {:.2} s after the call; switch back {:.2} s; switch \
+         back {:.0} s after node1 crashed: its first id {:.2} s after the call",
+        to_two.as_secs_f64(),
+        back_to_one.as_secs_f64(),
+        (called - crashed).as_secs_f64(),
+        after_crash.as_secs_f64()
+    );
+    assert_no_id_twice(&seen, &what);
+    assert!(to_two <= Duration::from_secs(10), "{what}: {to_two:?}");
+    assert!(
+        back_to_one <= Duration::from_secs(10),
+        "{what}: {back_to_one:?}"
+    );
+    assert!(after_crash <= LEASE_TTL, "{what}: {after_crash:?}");
+    // node1's ids increase across its crash and return.
+    let from_one: Vec<i64> = seen
         .ids
         .iter()
-        .chain(&fresh.ids)
-        .filter(|&&(_, _, port)| port == two.port)
-        .map(|&(at, _, _)| at)
-        .max()
-        .unwrap();
-    let both: Vec<(Instant, i64, u16)> = seen.ids.iter().chain(&fresh.ids).copied().collect();
-    let from = |port: u16, after: Instant| -> Vec<i64> {
-        both.iter()
-            .filter(|&&(at, _, from)| from == port && at >= after)
-            .map(|&(_, id, _)| id)
-            .collect()
-    };
-    let from_two_after = from(two.port, promoted);
-    let from_one_after = from(one.port, promoted);
-    let common: Vec<&i64> = from_two_after
-        .iter()
-        .filter(|id| from_one_after.contains(id))
+        .filter(|received| received.port == one_port)
+        .map(|received| received.id)
         .collect();
-    println!(
-        "{mode}: frozen leader: node1 promoted {:?} after the freeze, ids from it {back:?} later; \
-         node2 thawed {:?} after the promotion, {} demoted {:?} after the thaw; node2's last id {:?} \
-         after the promotion; after the promotion node2 issued {} ids and node1 {}, {} of them the same",
-        promoted - frozen,
-        thawed - promoted,
-        replica.name,
-        demoted - thawed,
-        last_from_two.saturating_duration_since(promoted),
-        from_two_after.len(),
-        from_one_after.len(),
-        common.len()
-    );
-    assert_refuses_as_replica(replica);
-    // Ids node2 issued before node1 took over are never issued again.
-    let before: Vec<i64> = both
-        .iter()
-        .filter(|&&(at, _, _)| at < promoted)
-        .map(|&(_, id, _)| id)
-        .collect();
-    assert!(
-        from_one_after.iter().all(|id| !before.contains(id)),
-        "node1 repeated an id from before the freeze"
-    );
-    let seen = Seen {
-        ids: seen
-            .ids
-            .into_iter()
-            .filter(|&(at, _, _)| at < promoted)
-            .collect(),
-        errors: seen.errors,
+    assert!(from_one.windows(2).all(|pair| pair[0] < pair[1]), "{what}");
+}
+
+#[test]
+fn lease_table_switchovers_and_a_switch_back_after_a_crash() {
+    switch_back(Mode::LeaseTableOnTheNodes);
+}
+
+#[test]
+fn shared_registry_switchovers_and_a_switch_back_after_a_crash() {
+    switch_back(Mode::SharedRegistry);
+}
+
+#[test]
+fn etcd_switchovers_and_a_switch_back_after_a_crash() {
+    switch_back(Mode::Etcd);
+}
+
+/// Asks `conninfo`'s server for ids every 100 ms for `watch`: it refuses every time, with a refusal
+/// that starts with `refused` from its lease worker's first claim on (before it, that the lease is
+/// not acquired yet); node1 meanwhile issues.
+fn refuses_throughout(conninfo: &str, refused: &str, watch: Duration, one: &Node, what: &str) {
+    let not_yet = "ERROR:  55000: snowid refuses to issue ids: the lease on worker id 1 is not \
+                   acquired yet";
+    let until = Instant::now() + watch;
+    let (mut issued_by_one, mut claim_refused) = (0, false);
+    while Instant::now() < until {
+        let answer = psql(conninfo, "SELECT snowid_next()");
+        let says = |text: &str| {
+            answer
+                .as_ref()
+                .is_err_and(|error| error.lines().any(|line| line.starts_with(text)))
+        };
+        claim_refused |= says(refused);
+        assert!(
+            says(refused) || (!claim_refused && says(not_yet)),
+            "{what}: {answer:?}"
+        );
+        issued_by_one += usize::from(one.psql("SELECT snowid_next()").is_ok());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(claim_refused, "{what}: never refused by the claim");
+    assert!(issued_by_one > 0, "{what}: node1 issued");
+}
+
+/// A `pg_basebackup` clone of the primary with its configuration, and a Patroni standby cluster of
+/// the same scope configured as the primary is, each promoted beside the live primary: neither
+/// issues under the primary's worker id, for longer than a lease.
+fn copies_beside_the_live_primary(mode: Mode) {
+    let what = format!("{mode:?}");
+    let cluster = PatroniCluster::start(mode, WorkerIds::PerNode, FAST, false);
+    let holder = cluster.one.holder_name(&cluster.scope);
+    let refused = match mode {
+        Mode::LeaseTableOnTheNodes => format!(
+            "ERROR:  55000: snowid refuses to issue ids: worker id 1 is held by {holder}, another \
+             server that has not released it"
+        ),
+        Mode::SharedRegistry | Mode::Etcd => format!(
+            "ERROR:  55000: snowid refuses to issue ids: worker id 1 is leased by another server, \
+             {holder}, until "
+        ),
     };
-    println!(
-        "{mode}: {} ids received, {} failed inserts",
-        seen.ids.len(),
-        seen.errors.len()
+
+    // The clone: node1's data directory and configuration, on a port of its own.
+    let clone_dir = cluster.base.join("clone");
+    fs::create_dir_all(&clone_dir).unwrap();
+    chown_tree(&clone_dir);
+    let clone_port = free_port();
+    let as_postgres = |program: &str, args: &[&str]| {
+        let output = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(format!("{}/{program}", pg_config("--bindir")))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{program}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let clone_data = clone_dir.join("data").display().to_string();
+    as_postgres(
+        "pg_basebackup",
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.one.port.to_string(),
+            "-U",
+            "postgres",
+            "-D",
+            &clone_data,
+            "-X",
+            "stream",
+        ],
     );
-    assert_no_id_twice(&seen);
-    // The hook ran at every promotion: two took the worker id over, two found it released.
-    wait_until("the hook's answers", Duration::from_secs(30), || {
-        cluster.hook_answers("worker id 5 taken over from snowid-patroni@") == 2
-            && cluster.hook_answers("worker id 5 needed no takeover") == 2
-    });
-}
-
-/// A failover with Patroni's default timing (ttl 30 s, loop_wait 10 s, retry_timeout 10 s) and a
-/// shared registry, where the dead primary's lease has run out by the promotion.
-#[test]
-fn under_patroni_with_its_default_timing_and_a_shared_registry() {
-    let mut cluster = PatroniCluster::start(true, DEFAULTS);
-    let PatroniCluster { one, two, mode, .. } = &mut cluster;
-    let application = Application::start(&[&*one, &*two], false);
-    stall(&application, one, Instant::now(), Duration::from_secs(30));
-    std::thread::sleep(Duration::from_secs(2));
-    one.kill();
-    let killed = Instant::now();
-    let promoted = wait_for_promotion(two, Duration::from_secs(90));
-    let back = stall(&application, two, promoted, Duration::from_secs(60));
-    println!(
-        "{mode}, Patroni's default timing: failover: node2 promoted {:?} after node1 died, ids again {back:?} after the promotion",
-        promoted - killed
+    let moved = format!(
+        "port = {clone_port}\nunix_socket_directories = '{}'\n",
+        clone_dir.display()
     );
-    assert!(back <= Duration::from_secs(2), "{back:?}");
-    let seen = application.finish();
-    assert_no_id_twice(&seen);
-    // The hook runs beside the promotion, and may answer after the first id.
-    wait_until("the hook's answer", Duration::from_secs(30), || {
-        cluster.hook_answers("worker id 5 ") == 1
-    });
+    let auto_conf = clone_dir.join("data/postgresql.auto.conf");
+    let mut conf = fs::read_to_string(&auto_conf).unwrap_or_default();
+    conf.push_str(&moved);
+    fs::write(&auto_conf, conf).unwrap();
+    chown_tree(&clone_dir);
+    let log = clone_dir.join("server.log").display().to_string();
+    as_postgres("pg_ctl", &["-D", &clone_data, "-l", &log, "-w", "start"]);
+    let clone_conninfo =
+        format!("host=127.0.0.1 port={clone_port} user=postgres dbname=postgres connect_timeout=2");
+    refuses_throughout(
+        &clone_conninfo,
+        &refused,
+        LEASE_TTL + Duration::from_secs(5),
+        &cluster.one,
+        &format!("{what}: the clone"),
+    );
+    as_postgres(
+        "pg_ctl",
+        &["-D", &clone_data, "-m", "immediate", "-w", "stop"],
+    );
+
+    // The standby cluster: a Patroni cluster of its own in etcd (another namespace) following
+    // node1, its node configured as node1 is; then promoted.
+    let standby_cluster = format!(
+        "    standby_cluster:\n      host: 127.0.0.1\n      port: {}\n",
+        cluster.one.port
+    );
+    let mut leader = Node::new(
+        &cluster.base,
+        "dr1",
+        1,
+        &cluster.shared,
+        &cluster.scope,
+        "namespace: /snowid-standby-cluster/",
+        &standby_cluster,
+    );
+    leader.start();
+    wait_until(
+        "the standby cluster's leader",
+        Duration::from_secs(90),
+        || leader.is_primary() == Some(false),
+    );
+    // Patroni writes the standby cluster's configuration to etcd a loop after its leader runs.
+    wait_until(
+        "the standby cluster made a primary one",
+        Duration::from_secs(30),
+        || {
+            Command::new("patronictl")
+                .arg("-c")
+                .arg(&leader.config)
+                .args(["edit-config", "--force", "-s", "standby_cluster=null"])
+                .output()
+                .unwrap()
+                .status
+                .success()
+        },
+    );
+    wait_for_promotion(&leader, Duration::from_secs(60));
+    refuses_throughout(
+        &leader.conninfo(),
+        &refused,
+        LEASE_TTL + Duration::from_secs(5),
+        &cluster.one,
+        &format!("{what}: the standby cluster"),
+    );
+    println!(
+        "{what}: a clone and a standby cluster, each promoted beside the live primary, refused \
+         for {} s",
+        (LEASE_TTL + Duration::from_secs(5)).as_secs()
+    );
 }
 
 #[test]
-fn under_patroni_with_the_lease_table_on_the_nodes() {
-    switchover_failover_rejoin_and_switch_back(false);
+fn lease_table_a_clone_and_a_standby_cluster_beside_the_live_primary() {
+    copies_beside_the_live_primary(Mode::LeaseTableOnTheNodes);
 }
 
 #[test]
-fn under_patroni_with_a_shared_registry() {
-    switchover_failover_rejoin_and_switch_back(true);
+fn shared_registry_a_clone_and_a_standby_cluster_beside_the_live_primary() {
+    copies_beside_the_live_primary(Mode::SharedRegistry);
+}
+
+#[test]
+fn etcd_a_clone_and_a_standby_cluster_beside_the_live_primary() {
+    copies_beside_the_live_primary(Mode::Etcd);
 }
