@@ -121,4 +121,10 @@ fn the_readme_shows_the_committed_benchmark_results_of_every_major() {
         );
         assert!(root.join(&chart).is_file(), "{chart} is missing");
     }
+    // The last comparison of two builds, which has no chart.
+    let compare = fs::read_to_string(root.join("benches/results/pg15/compare.md")).unwrap();
+    assert!(
+        readme.contains(compare.trim()),
+        "README.md does not show benches/results/pg15/compare.md as it is"
+    );
 }
