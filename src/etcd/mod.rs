@@ -107,6 +107,18 @@ impl Snapshot {
         Holder::from_json(self.holding.value.as_deref()?)
     }
 
+    /// Who holds the worker id under a live etcd lease, other than `holder`: its name, and its
+    /// record if readable (the `workers` key lives with the etcd lease; the `holders` key says
+    /// who it is).
+    fn other_holder(&self, holder: &str) -> Option<(String, Option<Holder>)> {
+        let record = self.holder();
+        match &self.worker.value {
+            Some(_) if record.as_ref().is_some_and(|own| own.holder == holder) => None,
+            Some(name) => Some((name.clone(), record)),
+            None => None,
+        }
+    }
+
     fn mark_ms(&self) -> Result<u64, String> {
         self.mark.value.as_deref().map_or(Ok(0), |text| {
             text.trim()
@@ -484,13 +496,7 @@ impl Etcd {
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Option<(String, Option<Holder>)>, Failure> {
-        let snapshot = self.read(worker_id, budget, stop)?;
-        let record = snapshot.holder();
-        Ok(match snapshot.worker.value {
-            Some(_) if record.as_ref().is_some_and(|own| own.holder == holder) => None,
-            Some(name) => Some((name, record)),
-            None => None,
-        })
+        Ok(self.read(worker_id, budget, stop)?.other_holder(holder))
     }
 
     /// Reads `worker_id`'s three keys at one revision.
@@ -720,6 +726,27 @@ mod tests {
         assert_eq!(Holder::from_json(written_by_0_6_0), Some(record));
         assert_eq!(Holder::from_json("{\"holder\":\"x\"}"), None);
         assert_eq!(Holder::from_json("not json"), None);
+    }
+
+    #[test]
+    fn a_standby_sees_who_else_holds_its_worker_id() {
+        let mine = holder("7351-aaaa", "run2", "pg@node2:5432");
+        let other = holder("7351-bbbb", "x", "pg@node1:5432");
+        // Free, or held under the asking server's own holder: nobody else.
+        assert_eq!(snapshot(None, 0).other_holder("7351-aaaa"), None);
+        assert_eq!(snapshot(Some(&mine), 0).other_holder("7351-aaaa"), None);
+        // Another server's: named, with its record.
+        assert_eq!(
+            snapshot(Some(&other), 0).other_holder("7351-aaaa"),
+            Some(("pg@node1:5432".into(), Some(other.clone())))
+        );
+        // A record that cannot be read still names the holder, from the `workers` key.
+        let mut unreadable = snapshot(Some(&other), 0);
+        unreadable.holding.value = Some("{}".into());
+        assert_eq!(
+            unreadable.other_holder("7351-aaaa"),
+            Some(("pg@node1:5432".into(), None))
+        );
     }
 
     #[test]
