@@ -195,6 +195,10 @@ impl Options {
 
     fn auth(&self) -> Result<Option<Auth>, String> {
         match (&self.user, &self.password_file) {
+            (Some(_), Some(_)) if self.cacert.is_none() => Err(
+                "etcd's user authentication needs TLS, or the password would cross the network in the clear: name the members' CA with cacert"
+                    .into(),
+            ),
             (Some(user), Some(password_file)) => Ok(Some(Auth {
                 user: user.clone(),
                 password_file: password_file.clone(),
@@ -308,6 +312,10 @@ mod tests {
         assert_eq!(
             error("etcd://a/x?user=u"),
             "options user and password_file come together"
+        );
+        assert_eq!(
+            error("etcd://10.0.0.11:2379/snowid?user=node1&password_file=/etc/pw"),
+            "etcd's user authentication needs TLS, or the password would cross the network in the clear: name the members' CA with cacert"
         );
         assert_eq!(error("host=a"), "an etcd registry starts with etcd://");
     }

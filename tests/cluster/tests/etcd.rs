@@ -622,6 +622,21 @@ fn tls_with_client_certificates_and_user_authentication() {
             Node::start("other-prefix", Some(8), &setting("other", &ca, true, &right), &[]),
             "etcd refused /v3/kv/txn: etcdserver: permission denied",
         ),
+        // The password never crosses the network in the clear: refused before any connection.
+        (
+            Node::start(
+                "no-tls",
+                Some(9),
+                &format!(
+                    "etcd://{}/snowid?user=node1&password_file={right}",
+                    etcd.endpoints()
+                ),
+                &[],
+            ),
+            "snowid.registry is not a valid etcd registry: etcd's user authentication needs TLS, \
+             or the password would cross the network in the clear: name the members' CA with \
+             cacert",
+        ),
     ];
     for (node, clause) in &failing {
         let (state, error) = wait_for_error(node, clause);
@@ -630,6 +645,16 @@ fn tls_with_client_certificates_and_user_authentication() {
         assert_eq!(state, "starting", "{}", node.name);
         assert!(next_id(&mut node.cluster.connect()).is_err());
     }
+    let no_tls = &failing[4].0;
+    assert_eq!(no_tls.name, "no-tls");
+    assert_eq!(
+        no_tls
+            .cluster
+            .log()
+            .matches(&format!("LOG:  snowid lease worker: {}", failing[4].1))
+            .count(),
+        1
+    );
     // The password shows in no status and no server log.
     for node in failing.iter().map(|(node, _)| node).chain([&good]) {
         let (_, _, _, shown, error) = status(&mut node.cluster.connect());
