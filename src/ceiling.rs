@@ -8,19 +8,26 @@
 //! finds its own ceiling, for the worker id it held last, starts above the ceiling instead of the
 //! reservation.
 //!
-//! The file names the holder that wrote it. A copy of the data directory is another holder (see
-//! `claimant::Claimant`), so a copy never takes the original's ceiling for its own.
+//! The file names the holder that wrote it and the WAL timeline it wrote it on. A copy of the data
+//! directory is another holder (see `claimant::Claimant`), so a copy never takes the original's
+//! ceiling for its own; and a server trusts its own ceiling only on the timeline it wrote it on.
+//! `pg_rewind` copies the leader's file over the node's own, and where the leader never wrote one
+//! that is the copy of this node's file that the leader's base backup took: named for this node,
+//! but old, and written on a timeline before the leader's promotion, which the rewound node follows.
 
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const FILE_NAME: &str = "snowid.ceiling";
-const HEADER: &str = "snowid ceiling 1";
+// Version 1 (snowid 0.6.0 and earlier) had no timeline: such a file is not read.
+const HEADER: &str = "snowid ceiling 2";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ceiling {
     pub holder: String,
+    /// The WAL timeline the server wrote the file on.
+    pub timeline: u32,
     pub worker_id: u16,
     /// Milliseconds since the snowid epoch; every id issued is below.
     pub below_ms: u64,
@@ -29,8 +36,8 @@ pub struct Ceiling {
 impl Ceiling {
     fn to_text(&self) -> String {
         format!(
-            "{HEADER}\nholder {}\nworker_id {}\nbelow_ms {}\n",
-            self.holder, self.worker_id, self.below_ms
+            "{HEADER}\nholder {}\ntimeline {}\nworker_id {}\nbelow_ms {}\n",
+            self.holder, self.timeline, self.worker_id, self.below_ms
         )
     }
 
@@ -40,10 +47,12 @@ impl Ceiling {
         let mut lines = text.strip_suffix('\n')?.split('\n');
         (lines.next()? == HEADER).then_some(())?;
         let holder = lines.next()?.strip_prefix("holder ")?.to_string();
+        let timeline = lines.next()?.strip_prefix("timeline ")?.parse().ok()?;
         let worker_id = lines.next()?.strip_prefix("worker_id ")?.parse().ok()?;
         let below_ms = lines.next()?.strip_prefix("below_ms ")?.parse().ok()?;
         lines.next().is_none().then_some(Ceiling {
             holder,
+            timeline,
             worker_id,
             below_ms,
         })
@@ -73,6 +82,7 @@ mod tests {
     fn ceiling() -> Ceiling {
         Ceiling {
             holder: "7312345678901234567-00ff00ff00ff00ff".into(),
+            timeline: 3,
             worker_id: 5,
             below_ms: 28_728_000_123,
         }
@@ -83,7 +93,7 @@ mod tests {
         let text = ceiling().to_text();
         assert_eq!(
             text,
-            "snowid ceiling 1\nholder 7312345678901234567-00ff00ff00ff00ff\nworker_id 5\nbelow_ms 28728000123\n"
+            "snowid ceiling 2\nholder 7312345678901234567-00ff00ff00ff00ff\ntimeline 3\nworker_id 5\nbelow_ms 28728000123\n"
         );
         assert_eq!(Ceiling::from_text(&text), Some(ceiling()));
     }
@@ -94,7 +104,14 @@ mod tests {
         assert_eq!(Ceiling::from_text(""), None);
         assert_eq!(Ceiling::from_text(&text[..text.len() - 5]), None);
         assert_eq!(
-            Ceiling::from_text(&text.replace("ceiling 1", "ceiling 2")),
+            Ceiling::from_text(&text.replace("ceiling 2", "ceiling 3")),
+            None
+        );
+        // As snowid 0.6.0 wrote it, with no timeline.
+        assert_eq!(
+            Ceiling::from_text(
+                "snowid ceiling 1\nholder 7312345678901234567-00ff00ff00ff00ff\nworker_id 5\nbelow_ms 28728000123\n"
+            ),
             None
         );
         assert_eq!(Ceiling::from_text(&text.replace("5\n", "1024x\n")), None);

@@ -176,8 +176,8 @@ pub fn database_exists(name: &str) -> bool {
 
 /// The WAL timeline this server writes on; a promotion starts a new one.
 pub fn timeline() -> u32 {
-    // SAFETY: called by the lease worker, which starts only once recovery has finished, when the
-    // insertion timeline is fixed.
+    // SAFETY: called by the lease worker only once recovery has finished (a standby claims and
+    // releases nothing), when the insertion timeline is fixed.
     unsafe { pg_sys::GetWALInsertionTimeLine() }
 }
 

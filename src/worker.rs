@@ -251,10 +251,13 @@ impl LeaseWorker {
                     tenure,
                 },
             )) => {
+                // Only one written on this timeline: not a copy `pg_rewind` brought in.
                 let own_ceiling = self
                     .recorded
                     .as_ref()
-                    .filter(|ceiling| ceiling.worker_id == worker_id)
+                    .filter(|ceiling| {
+                        ceiling.worker_id == worker_id && ceiling.timeline == shmem::timeline()
+                    })
                     .map(|ceiling| ceiling.below_ms);
                 let applied_tenure = shmem::lease_status().applied_tenure;
                 let floor_ms = lease::floor_of_grant(
@@ -389,6 +392,7 @@ impl LeaseWorker {
                 .max(held.ceiling_ms);
             let ceiling = Ceiling {
                 holder: self.me.holder.clone(),
+                timeline: shmem::timeline(),
                 worker_id: held.worker_id,
                 below_ms: wanted,
             };
@@ -455,6 +459,7 @@ impl LeaseWorker {
         if self.timing.ceiling_lead.is_some() {
             let ceiling = Ceiling {
                 holder: self.me.holder.clone(),
+                timeline: shmem::timeline(),
                 worker_id,
                 below_ms: high_water_ms,
             };
