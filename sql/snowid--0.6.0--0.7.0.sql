@@ -8,7 +8,8 @@ DROP FUNCTION snowid.lease_take_over(integer, text, text, text, bigint, bigint, 
 
 ALTER TABLE snowid.worker_lease DROP COLUMN holder_timeline, DROP COLUMN holder_clock_ms;
 
--- The claim no longer records the columns dropped above.
+-- The claim no longer records the columns dropped above, and on a shared registry refuses a row
+-- that another run of the same holder (a copy of the server) holds while its lease runs.
 CREATE OR REPLACE FUNCTION snowid.lease_claim(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
     p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
@@ -49,6 +50,10 @@ BEGIN
         released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
         IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
             AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at))
+           -- On a shared registry, another run of this holder whose lease runs: an earlier run
+           -- not yet run out, or a copy of this server (a cloned machine) that renews it.
+           OR (p_takeover_on_expiry AND lease.holder = p_holder
+               AND lease.incarnation IS DISTINCT FROM p_incarnation AND lease.expires_at > claimed_at)
            OR (released AND NOT p_takeover_on_expiry AND lease.released_by <> p_holder
                AND split_part(lease.released_by, '-', 1) = split_part(p_holder, '-', 1)
                AND lease.released_timeline >= p_timeline) THEN
@@ -107,3 +112,42 @@ CREATE  FUNCTION "snowid_status"() RETURNS TABLE (
 STRICT VOLATILE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'snowid_status_wrapper';
+
+-- A row that another run of this server holds is no one's to take while it runs.
+CREATE OR REPLACE FUNCTION snowid.lease_claim_any(
+    p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
+    p_timeline bigint,
+    OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+LANGUAGE plpgsql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+     WHERE l.holder = p_holder
+       AND (l.incarnation IS NOT DISTINCT FROM p_incarnation OR l.expires_at <= clock_timestamp())
+     ORDER BY l.worker_id LIMIT 1;
+    IF worker_id IS NULL THEN
+        LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
+        SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+         WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp() ORDER BY l.worker_id LIMIT 1;
+    END IF;
+    IF worker_id IS NULL THEN
+        SELECT min(free.id) INTO worker_id FROM generate_series(0, 1023) AS free(id)
+         WHERE NOT EXISTS (SELECT FROM snowid.worker_lease l WHERE l.worker_id = free.id);
+    END IF;
+    IF worker_id IS NULL THEN
+        granted := false;
+        holder_name := 'other servers (all 1024 worker ids are leased)';
+        RETURN;
+    END IF;
+    SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
+           c.continued, c.renewal, c.released, c.tenure
+      INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
+           continued, renewal, released, tenure
+      FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                              p_reserve_until_ms, true, p_timeline) c;
+END
+$$;

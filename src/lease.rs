@@ -17,9 +17,11 @@
 //! the ceiling it recorded in its own data directory (see `ceiling`) when the row shows that nobody
 //! else held the worker id since, and above the mark otherwise.
 //!
-//! **Who may take a row.** A row held by this server is taken back at once, by a new run of it too.
-//! From a shared registry, a free row is anyone's, and a row held by another server is taken once
-//! its lease expired. A registry inside this server's own data directory cannot see another
+//! **Who may take a row.** From a registry inside this server's own data directory, a row held by
+//! this server is taken back at once, by a new run of it too. From a shared registry, a free row is
+//! anyone's, and a row held by another server, or by another run of this one, is taken once its
+//! lease expired: a run that holds it may be a copy of this server (a cloned machine), and the two
+//! must not take it from each other at every claim. A registry inside this server's own data directory cannot see another
 //! server's renewals (the other may be the original of which this data directory is a copy): there
 //! a row held by another server waits for an operator to hand it over (`snowid_handover`), and a
 //! released row goes only to the server that released it, to one with another system identifier
@@ -166,6 +168,9 @@ pub struct Status {
     pub handover_needed: bool,
     /// With `handover_needed`: the holder released the row, but this server may be a copy of it.
     pub released: bool,
+    /// The holder bears this server's own name: another run of this server, an earlier one whose
+    /// lease has not run out or a copy of it (a cloned machine) that renews it.
+    pub own_name: bool,
     /// A random number drawn when the server's shared memory was set up: with the server's name it
     /// tells this run of the server from an earlier one and from a copy.
     pub incarnation: u64,
@@ -251,6 +256,11 @@ pub fn refusal_reason(status: &Status, worker_id: Option<u16>, now_ns: u64) -> S
         State::HeldByOther if worker_id == "a worker id" => {
             "no worker id is free: every one of the 1024 is leased by another server".into()
         }
+        State::HeldByOther if status.own_name => format!(
+            "{worker_id} is leased until {} under this server's own name, {}, by another run: an earlier run of this server, or a copy of it (a cloned machine or disk) that renews the lease",
+            format_unix_ms(status.expires_at),
+            status.holder.as_str()
+        ),
         State::HeldByOther => format!(
             "{worker_id} is leased by another server, {}, until {}",
             status.holder.as_str(),
@@ -296,6 +306,7 @@ pub fn refusal_hint(status: &Status, worker_id: Option<u16>) -> String {
             "Give this server another snowid.worker_id and restart it, or, once {} is stopped for good, run SELECT snowid_handover({worker_id}) on this server.",
             status.holder.as_str()
         ),
+        (State::HeldByOther, Some(_)) if status.own_name => "An earlier run's lease runs out by itself, and issuing resumes then. If it is renewed past that time, a copy of this server runs beside it: give one of the two another snowid.worker_id and restart it.".into(),
         (State::Held, _) => "The lease worker is held up (stopped, or starved of CPU or disk); issuing resumes by itself once it renews the lease. The server log says more.".into(),
         _ => "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.".into(),
     }
@@ -862,6 +873,27 @@ mod tests {
         assert_eq!(refusal_detail(&status), None);
         status.state = State::HeldByOther;
         status.handover_needed = false;
+        assert_eq!(refusal_detail(&status), None);
+    }
+
+    #[test]
+    fn a_lease_held_under_this_servers_own_name_says_it_may_be_a_copy() {
+        let status = Status {
+            state: State::HeldByOther,
+            worker_id: Some(5),
+            holder: Text::new("pg@node1:5432"),
+            expires_at: 1_795_953_600_123,
+            own_name: true,
+            ..Status::default()
+        };
+        assert_eq!(
+            refusal_reason(&status, Some(5), 0),
+            "worker id 5 is leased until 2026-11-29 12:00:00.123 UTC under this server's own name, pg@node1:5432, by another run: an earlier run of this server, or a copy of it (a cloned machine or disk) that renews the lease"
+        );
+        assert_eq!(
+            refusal_hint(&status, Some(5)),
+            "An earlier run's lease runs out by itself, and issuing resumes then. If it is renewed past that time, a copy of this server runs beside it: give one of the two another snowid.worker_id and restart it."
+        );
         assert_eq!(refusal_detail(&status), None);
     }
 

@@ -51,9 +51,10 @@ $$;
 CREATE TRIGGER worker_lease_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON snowid.worker_lease
     FOR EACH STATEMENT EXECUTE FUNCTION snowid.lease_guard();
 
--- Acquires or renews a lease. Granted when the row is held by the same server (a restart of it
--- takes its lease back at once), is free, or, with p_takeover_on_expiry, is held by another
--- server whose lease expired. A registry in the server's own data directory passes false: it
+-- Acquires or renews a lease. Granted when the row is held by the same server (with
+-- p_takeover_on_expiry, by the same run of it, or by an earlier run whose lease expired; without,
+-- a restart of it takes its lease back at once), is free, or, with p_takeover_on_expiry, is held
+-- by another server whose lease expired. A registry in the server's own data directory passes false: it
 -- cannot see the renewals of a server whose data directory this one's is a copy of. There a free
 -- row that another server released is granted only to a server it cannot be a copy of: one with
 -- another system identifier (pg_upgrade), or on a later timeline (a standby promoted after its
@@ -104,6 +105,10 @@ BEGIN
         released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
         IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
             AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at))
+           -- On a shared registry, another run of this holder whose lease runs: an earlier run
+           -- not yet run out, or a copy of this server (a cloned machine) that renews it.
+           OR (p_takeover_on_expiry AND lease.holder = p_holder
+               AND lease.incarnation IS DISTINCT FROM p_incarnation AND lease.expires_at > claimed_at)
            OR (released AND NOT p_takeover_on_expiry AND lease.released_by <> p_holder
                AND split_part(lease.released_by, '-', 1) = split_part(p_holder, '-', 1)
                AND lease.released_timeline >= p_timeline) THEN
@@ -139,7 +144,8 @@ END
 $$;
 
 -- Acquires a lease on any worker id, for servers of a shared registry that do not name one: the
--- one this server holds already, else the lowest one free or expired, else the lowest never used.
+-- one this run of the server holds already, else the lowest one free or expired, else the lowest
+-- never used (a row that another run of this server holds is no one's to take while it runs).
 -- Servers picking a new one take turns, on a lock of the table that renewals never wait for and
 -- that only the roles allowed to claim can take.
 CREATE FUNCTION snowid.lease_claim_any(
@@ -154,7 +160,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
-     WHERE l.holder = p_holder ORDER BY l.worker_id LIMIT 1;
+     WHERE l.holder = p_holder
+       AND (l.incarnation IS NOT DISTINCT FROM p_incarnation OR l.expires_at <= clock_timestamp())
+     ORDER BY l.worker_id LIMIT 1;
     IF worker_id IS NULL THEN
         LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
         SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l

@@ -525,6 +525,37 @@ mod tests {
         assert_eq!(holders, "111-old,111-new");
     }
 
+    #[pg_test]
+    fn another_run_of_the_holder_waits_on_a_shared_registry_for_its_lease_to_run_out() {
+        // Held by run `run` of holder 111-old, its lease running for 30 s more.
+        held_row(930, "111-old", "pg@db1:5432", 30_000);
+        let claim = |incarnation: &str, shared: bool| -> String {
+            one(&format!(
+                "SELECT concat_ws(' ', c.granted::text, c.holder_name, c.continued::text)
+                   FROM snowid.lease_claim(930, '111-old', '{incarnation}', 'pg@db1:5432', 30000,
+                        (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + 30000,
+                        {shared}, 1) c"
+            ))
+        };
+        // On a shared registry another run (a copy of the server, or an earlier run not run out)
+        // is refused, and the holding run renews.
+        assert_eq!(claim("clone", true), "false pg@db1:5432");
+        assert_eq!(claim("run", true), "true pg@db1:5432 true");
+        assert_eq!(claim("clone", true), "false pg@db1:5432");
+        // On the server's own table a new run takes its row back at once.
+        assert_eq!(claim("restarted", false), "true pg@db1:5432 true");
+        // Its lease run out, a new run takes it on a shared registry too.
+        held_row(931, "111-old", "pg@db1:5432", -1);
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT c.granted::text FROM snowid.lease_claim(931, '111-old', 'later', 'pg@db1:5432',
+                     30000, (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000
+                     + 30000, true, 1) c"
+            )),
+            "true"
+        );
+    }
+
     /// Who else holds `worker_id` for a standby whose holder is `111-me`, as the lease worker asks
     /// with `OTHER_HOLDER_SQL`, only running leases counting or every held row.
     fn other_holder(worker_id: i32, running_only: bool) -> Option<String> {

@@ -304,9 +304,11 @@ impl LeaseWorker {
             )) => {
                 // The state first: a caller refused once the gate is closed reads why.
                 let handover_needed = self.registry.is_local();
+                let own_name = !handover_needed && holder == self.me.name;
                 shmem::update_lease_status(|status| {
                     status.worker_id = self.configured;
                     status.state = State::HeldByOther;
+                    status.own_name = own_name;
                     status.holder = Text::new(&holder);
                     status.expires_at = expires_at;
                     status.handover_needed = handover_needed;

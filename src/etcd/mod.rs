@@ -133,14 +133,11 @@ impl Snapshot {
 pub enum Plan {
     /// This run of the server holds the key: keep its etcd lease alive.
     Renew { lease: i64, holder: Holder },
-    /// Take the key with a new etcd lease: it is free, or this server's from an earlier run. Ids
-    /// start at `floor_ms`.
-    Take {
-        floor_ms: u64,
-        acquired_mark_ms: u64,
-        continued: bool,
-    },
-    /// Another server holds it, under this etcd lease.
+    /// Take the key with a new etcd lease: it is free (never used, released, or its etcd lease
+    /// ran out). Ids start at `floor_ms`, the mark.
+    Take { floor_ms: u64 },
+    /// Another server, or another run of this one (a copy of it, or an earlier run whose etcd lease
+    /// has not run out yet), holds it under this etcd lease.
     Refuse { holder_name: String, lease: i64 },
 }
 
@@ -148,25 +145,15 @@ pub enum Plan {
 pub fn plan(snapshot: &Snapshot, request: &Request) -> Result<Plan, String> {
     let mark_ms = snapshot.mark_ms()?;
     let Some(name) = &snapshot.worker.value else {
-        return Ok(Plan::Take {
-            floor_ms: mark_ms,
-            acquired_mark_ms: mark_ms,
-            continued: false,
-        });
+        return Ok(Plan::Take { floor_ms: mark_ms });
     };
     Ok(match snapshot.holder() {
-        Some(holder) if holder.holder == request.holder => {
-            if holder.incarnation == request.incarnation {
-                Plan::Renew {
-                    lease: snapshot.worker.lease,
-                    holder,
-                }
-            } else {
-                Plan::Take {
-                    floor_ms: mark_ms,
-                    acquired_mark_ms: holder.acquired_mark_ms,
-                    continued: true,
-                }
+        Some(holder)
+            if holder.holder == request.holder && holder.incarnation == request.incarnation =>
+        {
+            Plan::Renew {
+                lease: snapshot.worker.lease,
+                holder,
             }
         }
         _ => Plan::Refuse {
@@ -249,7 +236,10 @@ impl Etcd {
                     slot.value
                         .as_deref()
                         .and_then(Holder::from_json)
-                        .is_some_and(|holder| holder.holder == request.holder)
+                        .is_some_and(|holder| {
+                            holder.holder == request.holder
+                                && holder.incarnation == request.incarnation
+                        })
                 })
                 .map(|(worker_id, _)| worker_id)
                 .min();
@@ -360,19 +350,15 @@ impl Etcd {
                 };
                 (holder, mark_ms, true)
             }
-            Plan::Take {
-                floor_ms,
-                acquired_mark_ms,
-                continued,
-            } => {
+            Plan::Take { floor_ms } => {
                 let holder = Holder {
                     holder: request.holder.into(),
                     incarnation: request.incarnation.into(),
                     name: request.name.into(),
                     tenure: request.now_unix_us,
-                    acquired_mark_ms,
+                    acquired_mark_ms: floor_ms,
                 };
-                (holder, floor_ms, continued)
+                (holder, floor_ms, false)
             }
         };
         let taken = self.take(
@@ -751,15 +737,10 @@ mod tests {
 
     #[test]
     fn free_own_and_others_keys() {
-        let take = |floor_ms, acquired_mark_ms, continued| Plan::Take {
-            floor_ms,
-            acquired_mark_ms,
-            continued,
-        };
         // Free (never used, released, or its etcd lease ran out): above the mark.
         assert_eq!(
             plan(&snapshot(None, 120_000), &request()),
-            Ok(take(120_000, 120_000, false))
+            Ok(Plan::Take { floor_ms: 120_000 })
         );
         // This run's own: a renewal of its etcd lease.
         let own = holder("7351-aaaa", "run2", "pg@node2:5432");
@@ -770,14 +751,18 @@ mod tests {
                 holder: own.clone()
             })
         );
-        // An earlier run's: taken back at once, keeping the mark it took the key at.
+        // Another run's of this server, under a live etcd lease (an earlier run not run out yet,
+        // or a copy of this server that renews it): refused, never taken back and forth.
         let earlier = Holder {
             incarnation: "run1".into(),
             ..own
         };
         assert_eq!(
             plan(&snapshot(Some(&earlier), 120_000), &request()),
-            Ok(take(120_000, 40_000, true))
+            Ok(Plan::Refuse {
+                holder_name: "pg@node2:5432".into(),
+                lease: 77
+            })
         );
         // Another server's, and one whose record is unreadable: refused, naming the holder.
         let other = holder("7351-bbbb", "x", "pg@node1:5432");

@@ -341,8 +341,9 @@ fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
     let mut sorted = taken.clone();
     sorted.sort();
     assert_eq!(sorted, [0, 1, 2, 3]);
-    // A crashed node (stopped with -m immediate: nothing released) takes its own worker id back at once, its etcd lease still running, though
-    // the lowest free one is 4.
+    // A crashed node (stopped with -m immediate: nothing released) leaves its own worker id to
+    // its earlier run, whose etcd lease still runs (it may be a copy of this node), and takes the
+    // lowest free one, 4, at once, above its earlier ids.
     let crashed = taken.iter().position(|id| *id == 2).unwrap();
     nodes[crashed].cluster.stop("immediate");
     nodes[crashed].cluster.start_again();
@@ -351,22 +352,9 @@ fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
         wait_for_lease_state(&mut client, "held", Duration::from_secs(5)),
         "held"
     );
-    assert_eq!(status(&mut client).1, Some(2));
-    let started = Instant::now();
-    let id = loop {
-        match next_id(&mut client) {
-            Ok(id) => break id,
-            // Above the mark: its last reservation, up to 30 s ahead.
-            Err(refusal) => {
-                assert!(
-                    refusal.contains("this server has just taken the lease on worker id 2"),
-                    "{refusal}"
-                );
-                assert!(started.elapsed() < Duration::from_secs(35), "{refusal}");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        }
-    };
+    assert_eq!(status(&mut client).1, Some(4));
+    let id = next_id(&mut client).unwrap();
+    assert_eq!(worker_of(id), 4);
     assert!(id > ids[crashed]);
     ids.push(id);
     // The node with worker id 1 leaves cleanly; a fifth node takes the lowest free one, 1.
@@ -826,4 +814,66 @@ fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the
         standby.port
     );
     assert_eq!(etcd.get("/snowid/workers/9"), Some(standby_name));
+}
+
+/// Two servers with one identity on one etcd registry, as a machine cloned with its disk makes
+/// them, the clone claiming first: its lease worker is played here by etcdctl, which writes the
+/// keys as the original's holder under another run and keeps their etcd lease alive. The original,
+/// started again, refuses naming the conflict for as long as the keys live, and takes the worker id
+/// above the mark once they are gone.
+#[test]
+fn a_copy_of_a_node_holding_its_keys_is_named_and_never_taken_from() {
+    const TTL_S: u64 = 6;
+    let etcd = EtcdCluster::start(&directory("identity"), 3, None);
+    let registry = registry(&etcd);
+    let original = node("identity", Some(8), &registry, TTL_S as u32);
+    let mut client = original.cluster.connect();
+    let ids: Vec<i64> = (0..20).map(|_| next_id(&mut client).unwrap()).collect();
+    let record = etcd.get("/snowid/holders/8").unwrap();
+    let name = original.holder_name();
+    drop(client);
+    original.cluster.stop("fast");
+    assert_eq!(etcd.get("/snowid/workers/8"), None, "released");
+
+    // The clone's keys: the original's record under another run, with an etcd lease of its own.
+    let start = record.find("\"incarnation\":\"").unwrap() + "\"incarnation\":\"".len();
+    let end = start + record[start..].find('"').unwrap();
+    let clone_record = format!("{}clone-run{}", &record[..start], &record[end..]);
+    let granted = etcd.etcdctl(&["lease", "grant", &TTL_S.to_string()]);
+    let lease = granted.split_whitespace().nth(1).unwrap().to_string();
+    etcd.etcdctl(&["put", "--lease", &lease, "/snowid/workers/8", &name]);
+    etcd.etcdctl(&["put", "--lease", &lease, "/snowid/holders/8", &clone_record]);
+
+    original.cluster.start_again();
+    let mut client = original.cluster.connect();
+    let conflict = format!(
+        " under this server's own name, {name}, by another run: an earlier run of this server, or \
+         a copy of it (a cloned machine or disk) that renews the lease"
+    );
+    let until = Instant::now() + Duration::from_secs(2 * TTL_S);
+    let mut seen_conflict = false;
+    while Instant::now() < until {
+        etcd.etcdctl(&["lease", "keep-alive", "--once", &lease]);
+        let refusal = next_id(&mut client).unwrap_err();
+        if refusal.starts_with("55000: snowid refuses to issue ids: worker id 8 is leased until ")
+            && refusal.contains(&conflict)
+        {
+            seen_conflict = true;
+        } else {
+            assert!(
+                !seen_conflict && refusal.contains("is not acquired yet"),
+                "{refusal}"
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(seen_conflict);
+    assert_eq!(etcd.get("/snowid/holders/8"), Some(clone_record));
+
+    // The clone gone, its etcd lease runs out and the original takes the keys, above the mark.
+    let state = wait_for_lease_state(&mut client, "held", Duration::from_secs(2 * TTL_S + 5));
+    assert_eq!(state, "held");
+    let after = next_id(&mut client).unwrap();
+    assert!(after > *ids.last().unwrap());
+    assert_eq!(etcd.get("/snowid/workers/8"), Some(name));
 }

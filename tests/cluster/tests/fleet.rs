@@ -1078,3 +1078,111 @@ fn a_node_acts_on_no_claim_before_the_registrys_synchronous_standby_has_it() {
         node_client.query_one("SELECT snowid_next()", &[]).is_ok()
     });
 }
+
+/// Two servers with one identity on one registry, as a machine cloned with its disk makes them: one
+/// machine cannot clone itself, so the clone's lease worker is played by a claimant that calls the
+/// registry's claim as the original's holder under another run, on the lease worker's schedule.
+/// The original issues throughout and the clone is refused; then, the clone having claimed first
+/// while the original was stopped, the original refuses, naming the conflict, and takes the lease
+/// once the clone no longer renews it.
+#[test]
+fn two_servers_with_one_identity_never_take_the_lease_from_each_other() {
+    const TTL_S: u64 = 3;
+    let registry = registry("identity-registry", &[]);
+    let conninfo = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres",
+        registry.port
+    );
+    let original = Node::start("identity", Some(6), &conninfo, &["snowid.lease_ttl = 3"]);
+    assert_holds(&original, 6);
+    let mut admin = registry.connect();
+    let (holder, _, name, ..) = lease_row(&mut admin, 6);
+    let (holder, name) = (holder.unwrap(), name.unwrap());
+    assert_eq!(name, original.holder_name());
+    let clone_claims = |admin: &mut Client| -> (bool, String) {
+        let row = admin
+            .query_one(
+                "SELECT granted, holder_name FROM snowid.lease_claim(6, $1, 'clone-run', $2, 3000,
+                     (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + 3000,
+                     true, 1)",
+                &[&holder, &name],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+
+    // The clone claims every renewal interval while the original issues: refused every time.
+    let mut on_original = original.cluster.connect();
+    let mut ids = Vec::new();
+    let (mut claims, mut next_claim) = (0, Instant::now());
+    let until = Instant::now() + Duration::from_secs(4 * TTL_S);
+    while Instant::now() < until {
+        if Instant::now() >= next_claim {
+            assert_eq!(clone_claims(&mut admin), (false, name.clone()));
+            claims += 1;
+            next_claim += Duration::from_secs(1);
+        }
+        let id: i64 = on_original
+            .query_one("SELECT snowid_next()", &[])
+            .unwrap()
+            .get(0);
+        ids.push(id);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(claims >= 11, "{claims} claims");
+    let refused: i64 = on_original
+        .query_one("SELECT refused_calls FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(refused, 0);
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]));
+
+    // The roles swapped: the original stops cleanly, the clone claims first and renews; the
+    // original, started again, refuses naming the conflict.
+    drop(on_original);
+    original.cluster.stop("fast");
+    assert!(clone_claims(&mut admin).0);
+    original.cluster.start_again();
+    let mut on_original = original.cluster.connect();
+    let expected = "55000: snowid refuses to issue ids: worker id 6 is leased until ";
+    let conflict = format!(
+        " under this server's own name, {name}, by another run: an earlier run of this server, \
+         or a copy of it (a cloned machine or disk) that renews the lease HINT: An earlier run's \
+         lease runs out by itself, and issuing resumes then. If it is renewed past that time, a \
+         copy of this server runs beside it: give one of the two another snowid.worker_id and \
+         restart it."
+    );
+    let until = Instant::now() + Duration::from_secs(3 * TTL_S);
+    let mut seen_conflict = false;
+    while Instant::now() < until {
+        assert!(clone_claims(&mut admin).0, "the clone renews");
+        let refusal = error_text(
+            &on_original
+                .query_one("SELECT snowid_next()", &[])
+                .unwrap_err(),
+        );
+        if refusal.starts_with(expected) && refusal.ends_with(&conflict) {
+            seen_conflict = true;
+        } else {
+            assert!(
+                !seen_conflict && refusal.contains("is not acquired yet"),
+                "{refusal}"
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(seen_conflict);
+    // The clone gone, the original takes the lease once it runs out, above every id before.
+    let stopped = Instant::now();
+    let state = wait_for_lease_state(&mut on_original, "held", Duration::from_secs(2 * TTL_S + 5));
+    assert_eq!(state, "held");
+    println!(
+        "the original held the lease again {:?} after the clone's last renewal",
+        stopped.elapsed()
+    );
+    let after: i64 = on_original
+        .query_one("SELECT snowid_next()", &[])
+        .unwrap()
+        .get(0);
+    assert!(after > *ids.last().unwrap());
+}
