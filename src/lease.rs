@@ -21,9 +21,9 @@
 //! this server is taken back at once, by a new run of it too. From a shared registry, a free row is
 //! anyone's, and a row held by another server, or by another run of this one, is taken once its
 //! lease expired: a run that holds it may be a copy of this server (a cloned machine), and the two
-//! must not take it from each other at every claim. A registry inside this server's own data directory cannot see another
-//! server's renewals (the other may be the original of which this data directory is a copy): there
-//! a row held by another server waits for an operator to hand it over (`snowid_handover`), and a
+//! must not take it from each other at every claim. The registry inside this server's own data
+//! directory cannot see another server's renewals (the other may be the original of which this data
+//! directory is a copy): there a row held by another server waits for an operator to hand it over (`snowid_handover`), and a
 //! released row goes only to the server that released it, to one with another system identifier
 //! (pg_upgrade) or on a later timeline (a promoted standby), never to a copy of the releaser.
 
