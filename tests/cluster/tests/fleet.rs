@@ -800,7 +800,7 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
             node.name
         );
         all.extend(ids.iter().copied());
-        assert_holds(node, worker as i32);
+        assert_holds(node, worker);
     }
     let issued: usize = results.iter().map(|(ids, _)| ids.len()).sum();
     assert_eq!(all.len(), issued, "no id was issued twice");
