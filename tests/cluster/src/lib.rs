@@ -900,6 +900,23 @@ pub fn lease_worker_pid(client: &mut Client) -> i32 {
 
 /// Waits up to `limit` for `snowid_status()`'s lease_state to read `wanted`; returns the last state
 /// read.
+/// Waits until the standby that `client` is connected to names `holder` as the server that holds
+/// its worker id (`snowid_status().worker_id_held_by`).
+pub fn wait_for_held_by(client: &mut Client, holder: &str) {
+    wait_for(
+        "the standby to name the holder",
+        std::time::Duration::from_secs(10),
+        || {
+            client
+                .query_one("SELECT worker_id_held_by FROM snowid_status()", &[])
+                .unwrap()
+                .get::<_, Option<String>>(0)
+                .as_deref()
+                == Some(holder)
+        },
+    );
+}
+
 pub fn wait_for_lease_state(
     client: &mut Client,
     wanted: &str,

@@ -742,18 +742,7 @@ fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the
     let standby = primary.cluster.standby_of("shared-standby");
     let mut on_standby = standby.connect();
     let holder = primary.holder_name();
-    wait_for(
-        "the standby to name the holder",
-        Duration::from_secs(10),
-        || {
-            on_standby
-                .query_one("SELECT worker_id_held_by FROM snowid_status()", &[])
-                .unwrap()
-                .get::<_, Option<String>>(0)
-                .as_deref()
-                == Some(holder.as_str())
-        },
-    );
+    snowid_cluster_tests::wait_for_held_by(&mut on_standby, &holder);
     let warning = format!(
         "WARNING:  snowid: worker id 9 of this standby is held by {holder}, a server of this \
          standby's own cluster (its primary, or a copy of it): once promoted, this server waits \

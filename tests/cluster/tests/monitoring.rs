@@ -199,18 +199,7 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
         snowid_cluster_tests::host_name(),
         primary.port
     );
-    snowid_cluster_tests::wait_for(
-        "the standby to name the holder",
-        Duration::from_secs(10),
-        || {
-            on_standby
-                .query_one("SELECT worker_id_held_by FROM snowid_status()", &[])
-                .unwrap()
-                .get::<_, Option<String>>(0)
-                .as_deref()
-                == Some(holder.as_str())
-        },
-    );
+    snowid_cluster_tests::wait_for_held_by(&mut on_standby, &holder);
     assert_eq!(
         log_lines(
             &standby,

@@ -367,15 +367,8 @@ postgresql:
 
     /// Stops the server cleanly (its lease worker releases the lease), Patroni being gone.
     fn stop_server_cleanly(&self) {
-        let status = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(format!("{}/pg_ctl", pg_config("--bindir")))
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-m", "fast", "-w", "stop"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "{} stopped", self.name);
+        let data = self.dir.join("data").display().to_string();
+        as_postgres("pg_ctl", &["-D", &data, "-m", "fast", "-w", "stop"]);
     }
 
     /// The name snowid gives this node: Patroni sets cluster_name to its scope.
@@ -392,6 +385,21 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.stop_for_good();
     }
+}
+
+/// Runs `program` of the PostgreSQL under test as postgres, failing the test if it fails.
+fn as_postgres(program: &str, args: &[&str]) {
+    let output = Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(format!("{}/{program}", pg_config("--bindir")))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 fn chown_tree(path: &Path) {
@@ -1312,19 +1320,6 @@ fn copies_beside_the_live_primary(mode: Mode) {
     fs::create_dir_all(&clone_dir).unwrap();
     chown_tree(&clone_dir);
     let clone_port = free_port();
-    let as_postgres = |program: &str, args: &[&str]| {
-        let output = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(format!("{}/{program}", pg_config("--bindir")))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{program}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
     let clone_data = clone_dir.join("data").display().to_string();
     as_postgres(
         "pg_basebackup",
