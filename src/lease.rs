@@ -200,6 +200,23 @@ pub enum OtherHolderIs {
     Other,
 }
 
+impl OtherHolderIs {
+    /// How the holder named `name`, whose holder string (`SYSTEM_IDENTIFIER-PLACE`) is `holder`
+    /// when known, relates to this server, named `my_name` with holder string `my_holder`.
+    pub fn of(name: &str, holder: Option<&str>, my_name: &str, my_holder: &str) -> OtherHolderIs {
+        fn system(holder: &str) -> Option<&str> {
+            holder.split('-').next()
+        }
+        match holder {
+            Some(holder) if system(holder) == system(my_holder) && name == my_name => {
+                OtherHolderIs::FormerSelf
+            }
+            Some(holder) if system(holder) == system(my_holder) => OtherHolderIs::SameCluster,
+            _ => OtherHolderIs::Other,
+        }
+    }
+}
+
 /// What a standby says, once, when another server holds its worker id: two nodes configured with
 /// one worker id, which snowid finds before a promotion makes it matter, or a node rebuilt after a
 /// crash. `local`: the lease table is on the servers themselves.
@@ -569,6 +586,23 @@ mod tests {
             ClaimRow::from_text(&wrong).unwrap_err(),
             "the registry returned \"yes\" where snowid expects a number or a boolean"
         );
+    }
+
+    #[test]
+    fn a_standby_tells_a_former_self_from_its_cluster_and_from_strangers() {
+        let is = |name: &str, holder: Option<&str>| {
+            OtherHolderIs::of(name, holder, "pg@node1:5432", "7301-aaaa")
+        };
+        assert_eq!(
+            is("pg@node1:5432", Some("7301-bbbb")),
+            OtherHolderIs::FormerSelf
+        );
+        assert_eq!(
+            is("pg@node2:5432", Some("7301-cccc")),
+            OtherHolderIs::SameCluster
+        );
+        assert_eq!(is("pg@node1:5432", Some("9999-bbbb")), OtherHolderIs::Other);
+        assert_eq!(is("pg@node1:5432", None), OtherHolderIs::Other);
     }
 
     #[test]

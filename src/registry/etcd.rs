@@ -2,12 +2,12 @@
 //! from the lease worker's own thread: each request to a member is a non-blocking transfer that
 //! looks for SIGTERM and ProcSignalBarriers every few milliseconds.
 
-use super::{other_holder_is, OtherHolder, NO_ANSWER, RELEASE_BUDGET, STOPPED};
+use super::{OtherHolder, NO_ANSWER, RELEASE_BUDGET, STOPPED};
 use crate::claimant::Claimant;
 use crate::etcd::gateway::Failure;
 use crate::etcd::setting::Setting;
 use crate::etcd::{Etcd, Request};
-use crate::lease::{ClaimRow, Text, Timing};
+use crate::lease::{ClaimRow, OtherHolderIs, Text, Timing};
 use crate::shmem;
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
 use pgrx::bgworkers::BackgroundWorker;
@@ -77,10 +77,11 @@ impl EtcdRegistry {
             .other_holder(worker_id, &me.holder, budget, &mut stop)
             .map_err(text)?;
         Ok(found.map(|(name, record)| OtherHolder {
-            is: other_holder_is(
+            is: OtherHolderIs::of(
                 &name,
                 record.as_ref().map(|record| record.holder.as_str()),
-                me,
+                &me.name,
+                &me.holder,
             ),
             name,
         }))

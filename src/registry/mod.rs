@@ -102,7 +102,7 @@ impl Registry {
             Registry::Etcd(_) => unreachable!("answered above"),
         };
         Ok(name.map(|(name, holder)| OtherHolder {
-            is: other_holder_is(&name, Some(&holder), me),
+            is: OtherHolderIs::of(&name, Some(&holder), &me.name, &me.holder),
             name,
         }))
     }
@@ -138,22 +138,6 @@ pub struct OtherHolder {
     pub is: OtherHolderIs,
 }
 
-/// How the holder `name`, `holder` (its system identifier and place, when known) relates to `me`.
-fn other_holder_is(name: &str, holder: Option<&str>, me: &Claimant) -> OtherHolderIs {
-    match holder {
-        Some(holder) if same_system(holder, &me.holder) && name == me.name => {
-            OtherHolderIs::FormerSelf
-        }
-        Some(holder) if same_system(holder, &me.holder) => OtherHolderIs::SameCluster,
-        _ => OtherHolderIs::Other,
-    }
-}
-
-/// Whether two holders (`SYSTEM_IDENTIFIER-PLACE`) have the same system identifier.
-fn same_system(holder: &str, other: &str) -> bool {
-    holder.split('-').next() == other.split('-').next()
-}
-
 /// A registry's row as the worker acts on it: the worker id and the claim.
 fn answer_of(row: ClaimRow) -> (Option<u16>, Claim) {
     let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
@@ -184,29 +168,4 @@ pub enum Param {
     Big(i64),
     Text(String),
     Bool(bool),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_standby_tells_a_former_self_from_its_cluster_and_from_strangers() {
-        let me = Claimant {
-            holder: "7301-aaaa".into(),
-            incarnation: "run".into(),
-            name: "pg@node1:5432".into(),
-        };
-        let is = |name: &str, holder: Option<&str>| other_holder_is(name, holder, &me);
-        assert_eq!(
-            is("pg@node1:5432", Some("7301-bbbb")),
-            OtherHolderIs::FormerSelf
-        );
-        assert_eq!(
-            is("pg@node2:5432", Some("7301-cccc")),
-            OtherHolderIs::SameCluster
-        );
-        assert_eq!(is("pg@node1:5432", Some("9999-bbbb")), OtherHolderIs::Other);
-        assert_eq!(is("pg@node1:5432", None), OtherHolderIs::Other);
-    }
 }
