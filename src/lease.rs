@@ -171,6 +171,9 @@ pub struct Status {
     /// The holder bears this server's own name: another run of this server, an earlier one whose
     /// lease has not run out or a copy of it (a cloned machine) that renews it.
     pub own_name: bool,
+    /// The registry may have lost the lease of the server that holds the worker id, and grants it
+    /// to no new holder before `expires_at` (see `Claim::Unsettled`).
+    pub unsettled: bool,
     /// A random number drawn when the server's shared memory was set up: with the server's name it
     /// tells this run of the server from an earlier one and from a copy.
     pub incarnation: u64,
@@ -262,6 +265,10 @@ pub fn refusal_reason(status: &Status, worker_id: Option<u16>, now_ns: u64) -> S
     };
     match status.state {
         State::Starting => format!("the lease on {worker_id} is not acquired yet{because}"),
+        State::HeldByOther if status.unsettled => format!(
+            "{worker_id} is not granted before {}: the registry may have lost the lease of a server that holds it (it was restarted, restored or rewritten), and grants it to no new holder until every lease it may have lost has run out",
+            format_unix_ms(status.expires_at)
+        ),
         State::HeldByOther if status.handover_needed && status.released => format!(
             "{worker_id} was released by {}, and this server may be a copy of it",
             status.holder.as_str()
@@ -378,6 +385,10 @@ pub enum Claim {
         expires_at: i64,
         released: bool,
     },
+    /// The registry may have lost the lease of a server that holds the worker id (it was restarted,
+    /// restored or rewritten), and grants it to no new holder before `until`, when every lease it
+    /// may have lost has run out.
+    Unsettled { until: i64 },
     /// The row's high-water mark lies beyond the last millisecond ids can hold: the worker id is
     /// spent, and issuing under it could only wrap around.
     MarkBeyondLayout { high_water_ms: u64 },
@@ -438,6 +449,9 @@ impl ClaimRow {
 
     pub fn claim(self) -> Claim {
         let expires_at = self.expires_at_unix_ms.unwrap_or(0);
+        if self.granted != Some(true) && self.holder_name.is_none() {
+            return Claim::Unsettled { until: expires_at };
+        }
         if self.granted != Some(true) {
             return Claim::HeldByOther {
                 holder: self.holder_name.unwrap_or_default(),
@@ -509,12 +523,36 @@ pub const CLAIM_SQL: &str =
             continued, renewal, released, tenure \
      FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
+/// As `CLAIM_SQL`, with a ninth parameter: whether this server holds the lease and issues under it,
+/// which a shared registry that may have lost its row takes its word for (snowid 0.8.0 and later).
+pub const CLAIM_HOLDING_SQL: &str =
+    "SELECT $1::pg_catalog.int4, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
+            continued, renewal, released, tenure \
+     FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
 /// Claims a lease on any free worker id of a shared registry. Parameters: as `CLAIM_SQL` without
 /// the worker id and whether expired leases may be taken (they may). Row: as `CLAIM_SQL`.
 pub const CLAIM_ANY_SQL: &str =
     "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
             continued, renewal, released, tenure \
      FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6)";
+
+/// As `CLAIM_ANY_SQL`, with a seventh parameter: the worker id whose lease this server holds and
+/// issues under, -1 for none (snowid 0.8.0 and later).
+pub const CLAIM_ANY_HOLDING_SQL: &str =
+    "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
+            continued, renewal, released, tenure \
+     FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6, $7)";
+
+/// Whether the registry's claim functions take the lease a server holds (`CLAIM_HOLDING_SQL`,
+/// `CLAIM_ANY_HOLDING_SQL`), as the extension made them, and this role may call them.
+pub const HOLDING_READY_SQL: &str = "SELECT pg_catalog.count(*) = 2 FROM pg_catalog.pg_depend d \
+     JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowid' \
+     WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.deptype = 'e' \
+       AND pg_catalog.has_function_privilege(d.objid, 'EXECUTE') \
+       AND d.objid IN (\
+         pg_catalog.to_regprocedure('snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint, boolean)'), \
+         pg_catalog.to_regprocedure('snowid.lease_claim_any(text, text, text, bigint, bigint, bigint, integer)'))";
 
 /// Who else holds a worker id, for a standby. Parameters: worker id, this server's holder, whether
 /// only a lease that runs counts (on a shared registry). Row, if any: the holder's name and holder.
@@ -705,6 +743,14 @@ mod tests {
                 released: false
             }
         );
+        // No holder named: the registry may have lost the lease of whoever holds the worker id.
+        let unsettled = ClaimRow {
+            granted: Some(false),
+            expires_at_unix_ms: Some(9),
+            released: Some(false),
+            ..ClaimRow::default()
+        };
+        assert_eq!(unsettled.claim(), Claim::Unsettled { until: 9 });
         let released = ClaimRow {
             granted: Some(false),
             holder_name: Some("b:5433".into()),
@@ -929,6 +975,31 @@ mod tests {
             "An earlier run's lease runs out by itself, and issuing resumes then. If it is renewed past that time, a copy of this server runs beside it: give one of the two another snowid.worker_id and restart it."
         );
         assert_eq!(refusal_detail(&status), None);
+    }
+
+    #[test]
+    fn a_registry_that_may_have_lost_a_lease_says_until_when_it_grants_none() {
+        let status = Status {
+            state: State::HeldByOther,
+            worker_id: Some(5),
+            expires_at: 1_795_953_600_123,
+            unsettled: true,
+            ..Status::default()
+        };
+        let reason = "is not granted before 2026-11-29 12:00:00.123 UTC: the registry may have lost the lease of a server that holds it (it was restarted, restored or rewritten), and grants it to no new holder until every lease it may have lost has run out";
+        assert_eq!(
+            refusal_reason(&status, Some(5), 0),
+            format!("worker id 5 {reason}")
+        );
+        // Also to a server that leases any free worker id.
+        assert_eq!(
+            refusal_reason(&status, None, 0),
+            format!("a worker id {reason}")
+        );
+        assert_eq!(
+            refusal_hint(&status, Some(5)),
+            "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."
+        );
     }
 
     #[test]

@@ -51,6 +51,82 @@ $$;
 CREATE TRIGGER worker_lease_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON snowid.worker_lease
     FOR EACH STATEMENT EXECUTE FUNCTION snowid.lease_guard();
 
+-- What the registry knows of its own past. pg_dump leaves this row out on purpose: a registry
+-- restored from a dump, like one restarted (a crash, a restored snapshot, a point-in-time recovery,
+-- a failover to a standby) or whose lease table was rewritten, finds the row stale, and may have
+-- lost the rows of leases that still run. Until every such lease has run out it grants nothing
+-- but the renewal of a lease that runs.
+CREATE TABLE snowid.registry_epoch (
+    only_row       boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    run            text NOT NULL,
+    began_at       timestamptz NOT NULL,
+    settles_at     timestamptz NOT NULL,
+    longest_ttl_ms bigint NOT NULL
+);
+COMMENT ON TABLE snowid.registry_epoch IS 'Since when the snowid lease registry has run as it is, and until when it grants only running leases';
+COMMENT ON COLUMN snowid.registry_epoch.run IS 'The registry server''s start time and the lease table''s file: a change of either begins a new epoch';
+COMMENT ON COLUMN snowid.registry_epoch.settles_at IS 'Until then, only a lease that runs is renewed: every lease granted before the epoch began has run out';
+COMMENT ON COLUMN snowid.registry_epoch.longest_ttl_ms IS 'The longest lease claimed from this registry since it was made or restored from a dump, which an epoch lasts at least';
+INSERT INTO snowid.registry_epoch (run, began_at, settles_at, longest_ttl_ms)
+VALUES ('', '-infinity', '-infinity', 0);
+REVOKE ALL ON snowid.registry_epoch FROM PUBLIC;
+GRANT SELECT ON snowid.registry_epoch TO PUBLIC;
+CREATE TRIGGER registry_epoch_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON snowid.registry_epoch
+    FOR EACH STATEMENT EXECUTE FUNCTION snowid.lease_guard();
+
+-- Until when this registry grants only the renewal of a lease that runs, for a claim with the
+-- time-to-live p_ttl_ms made at p_now; p_lost when the claim is a server's word that it holds a
+-- lease its row does not show, which only a registry that lost rows can do. A new epoch lasts as
+-- long as the longest lease the registry knows of (its claims and its rows), so that every lease
+-- granted before it ran out first; in a registry that never granted a lease it settles at once.
+-- One claim at a time writes the row: one that would wait for another takes the registry as
+-- settling for its own lease's length, so that no open transaction holds up a renewal.
+CREATE FUNCTION snowid.registry_settles_at(p_ttl_ms bigint, p_now timestamptz, p_lost boolean)
+RETURNS timestamptz
+LANGUAGE plpgsql STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    current_run text := extract(epoch FROM pg_postmaster_start_time())::text || ' '
+                        || pg_relation_filenode('snowid.worker_lease'::regclass)::text;
+    epoch snowid.registry_epoch;
+    longest bigint;
+BEGIN
+    SELECT * INTO epoch FROM snowid.registry_epoch;
+    IF epoch.run = current_run AND NOT (p_lost AND epoch.settles_at <= p_now)
+       AND p_ttl_ms <= epoch.longest_ttl_ms THEN
+        RETURN epoch.settles_at;
+    END IF;
+    IF NOT FOUND THEN
+        INSERT INTO snowid.registry_epoch (run, began_at, settles_at, longest_ttl_ms)
+        VALUES ('', '-infinity', '-infinity', 0) ON CONFLICT DO NOTHING;
+    END IF;
+    BEGIN
+        SELECT * INTO epoch FROM snowid.registry_epoch FOR UPDATE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN greatest(epoch.settles_at, p_now + p_ttl_ms * interval '1 millisecond');
+    END;
+    longest := greatest(epoch.longest_ttl_ms, p_ttl_ms);
+    IF epoch.run IS DISTINCT FROM current_run OR (p_lost AND epoch.settles_at <= p_now) THEN
+        longest := greatest(longest, (SELECT max((extract(epoch FROM l.expires_at - l.renewed_at) * 1000)::bigint)
+                                        FROM snowid.worker_lease l));
+        UPDATE snowid.registry_epoch e
+           SET run = current_run, began_at = p_now, longest_ttl_ms = longest,
+               settles_at = CASE WHEN EXISTS (SELECT FROM snowid.worker_lease l WHERE l.high_water_ms > 0)
+                                 THEN p_now + longest * interval '1 millisecond' ELSE p_now END
+        RETURNING * INTO epoch;
+    ELSE
+        UPDATE snowid.registry_epoch e
+           SET longest_ttl_ms = longest,
+               settles_at = CASE WHEN e.settles_at > p_now
+                                 THEN greatest(e.settles_at, e.began_at + longest * interval '1 millisecond')
+                                 ELSE e.settles_at END
+        RETURNING * INTO epoch;
+    END IF;
+    RETURN epoch.settles_at;
+END
+$$;
+
 -- Acquires or renews a lease. Granted when the row is held by the same server (with
 -- p_takeover_on_expiry, by the same run of it, or by an earlier run whose lease expired; without,
 -- a restart of it takes its lease back at once), is free, or, with p_takeover_on_expiry, is held
@@ -64,10 +140,14 @@ CREATE TRIGGER worker_lease_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE 
 -- tell a renewal of the grant it applied from one whose first answer it never got; every claim
 -- raises the mark to the claimant's reservation, which may lie at most an hour and the lease's
 -- time-to-live ahead of this registry's clock. The caller's login role holds the lease: a live
--- lease claimed as its holder by another role (a superuser excepted) is refused with 42501.
+-- lease claimed as its holder by another role (a superuser excepted) is refused with 42501. A
+-- refusal names the holder; one with no name says that a shared registry in a new epoch (see
+-- registry_epoch) grants nothing before expires_at_unix_ms but the renewal of a lease that runs: by
+-- its row, or by the word of its holder (p_holding), whose row the registry may have lost.
 CREATE FUNCTION snowid.lease_claim(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
     p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
+    p_holding boolean,
     OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
     OUT renewal boolean, OUT released boolean, OUT tenure bigint)
@@ -80,6 +160,7 @@ DECLARE
     claimed_at timestamptz := clock_timestamp();
     locked boolean := false;
     trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
+    settles_at timestamptz;
 BEGIN
     IF p_ttl_ms NOT BETWEEN 1000 AND 3600000 THEN
         RAISE EXCEPTION 'a lease''s time-to-live must be between 1000 and 3600000 ms, not %', p_ttl_ms
@@ -87,7 +168,15 @@ BEGIN
     END IF;
     p_reserve_until_ms := least(p_reserve_until_ms,
         (extract(epoch FROM claimed_at) * 1000)::bigint - 1767225600000 + p_ttl_ms + 3600000);
+    -- The row first: a rewrite of the table (TRUNCATE) then waits for this claim to end, and
+    -- comes after the epoch it reads.
     INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
+    IF p_takeover_on_expiry THEN
+        settles_at := snowid.registry_settles_at(p_ttl_ms, claimed_at, p_holding AND NOT EXISTS (
+            SELECT FROM snowid.worker_lease l
+             WHERE l.worker_id = p_worker_id AND l.holder = p_holder
+               AND l.incarnation = p_incarnation AND l.expires_at > claimed_at));
+    END IF;
     -- Decided on the row as it stands, then again once locked: a claim that is refused never
     -- locks the row, so that no role can hold up another's renewals by leaving its transaction open.
     LOOP
@@ -113,8 +202,19 @@ BEGIN
                AND split_part(lease.released_by, '-', 1) = split_part(p_holder, '-', 1)
                AND lease.released_timeline >= p_timeline) THEN
             granted := false;
-            holder_name := lease.holder_name;
+            holder_name := coalesce(lease.holder_name, lease.holder, lease.released_by);
             expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
+            RETURN;
+        END IF;
+        -- A shared registry in a new epoch may have lost the rows of leases that run: it renews a
+        -- lease that runs, by its row or by its holder's word, and grants nothing else before it
+        -- settles, which it says with no holder's name.
+        IF settles_at > claimed_at AND NOT p_holding
+           AND (lease.holder = p_holder AND lease.incarnation = p_incarnation
+                AND lease.expires_at > claimed_at) IS NOT TRUE THEN
+            granted := false;
+            expires_at_unix_ms := (extract(epoch FROM settles_at) * 1000)::bigint;
+            released := false;
             RETURN;
         END IF;
         EXIT WHEN locked;
@@ -143,14 +243,30 @@ BEGIN
 END
 $$;
 
+-- The claim of a server that does not say whether it holds the lease (snowid 0.7.0 and earlier).
+CREATE FUNCTION snowid.lease_claim(
+    p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
+    p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
+    OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+LANGUAGE sql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM snowid.lease_claim(p_worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                                     p_reserve_until_ms, p_takeover_on_expiry, p_timeline, false)
+$$;
+
 -- Acquires a lease on any worker id, for servers of a shared registry that do not name one: the
--- one this run of the server holds already, else the lowest one free or expired, else the lowest
--- never used (a row that another run of this server holds is no one's to take while it runs).
+-- one this run of the server holds already (p_held_worker_id, by its word, or else by its row;
+-- -1 for none), else the lowest one free or expired, else the lowest never used (a row that
+-- another run of this server holds is no one's to take while it runs).
 -- Servers picking a new one take turns, on a lock of the table that renewals never wait for and
 -- that only the roles allowed to claim can take.
 CREATE FUNCTION snowid.lease_claim_any(
     p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
-    p_timeline bigint,
+    p_timeline bigint, p_held_worker_id integer,
     OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
     OUT renewal boolean, OUT released boolean, OUT tenure bigint)
@@ -159,10 +275,14 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
-     WHERE l.holder = p_holder
-       AND (l.incarnation IS NOT DISTINCT FROM p_incarnation OR l.expires_at <= clock_timestamp())
-     ORDER BY l.worker_id LIMIT 1;
+    IF p_held_worker_id BETWEEN 0 AND 1023 THEN
+        worker_id := p_held_worker_id;
+    ELSE
+        SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+         WHERE l.holder = p_holder
+           AND (l.incarnation IS NOT DISTINCT FROM p_incarnation OR l.expires_at <= clock_timestamp())
+         ORDER BY l.worker_id LIMIT 1;
+    END IF;
     IF worker_id IS NULL THEN
         LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
         SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
@@ -182,8 +302,24 @@ BEGIN
       INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
            continued, renewal, released, tenure
       FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
-                              p_reserve_until_ms, true, p_timeline) c;
+                              p_reserve_until_ms, true, p_timeline,
+                              worker_id = p_held_worker_id) c;
 END
+$$;
+
+-- The claim of a server that does not say which lease it holds (snowid 0.7.0 and earlier).
+CREATE FUNCTION snowid.lease_claim_any(
+    p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
+    p_timeline bigint,
+    OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+LANGUAGE sql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM snowid.lease_claim_any(p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                                         p_reserve_until_ms, p_timeline, -1)
 $$;
 
 -- Releases a lease its holder no longer needs, at its clean shutdown, lowering the high-water mark
@@ -249,6 +385,9 @@ $$;
 COMMENT ON FUNCTION snowid_handover(integer) IS 'Frees a worker id whose holder is gone for good';
 
 REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid_handover(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.registry_settles_at(bigint, timestamptz, boolean) FROM PUBLIC;

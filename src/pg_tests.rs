@@ -490,6 +490,20 @@ mod tests {
         .unwrap();
     }
 
+    /// The registry's epoch for this test alone until its transaction ends: the tests that claim
+    /// from this database as a shared registry run side by side.
+    fn own_epoch() {
+        Spi::run("LOCK TABLE snowid.registry_epoch IN EXCLUSIVE MODE").unwrap();
+    }
+
+    /// This database as a shared registry that has run unchanged for longer than any lease: its
+    /// epoch settled (see `snowid.registry_epoch`).
+    fn settled_registry() {
+        own_epoch();
+        Spi::run("SELECT snowid.registry_settles_at(30000, clock_timestamp(), false)").unwrap();
+        Spi::run("UPDATE snowid.registry_epoch SET settles_at = began_at").unwrap();
+    }
+
     /// `snowid.lease_claim` of `worker_id` by holder `111-new`, another server of the holder's
     /// cluster on a later timeline (a standby promoted after it, say), expired leases taken over
     /// or not: granted, and the floor less the row's mark or the holder named.
@@ -506,6 +520,7 @@ mod tests {
 
     #[pg_test]
     fn a_worker_id_is_granted_to_no_other_server_while_its_holder_may_issue() {
+        settled_registry();
         // Held by another server of the same cluster, its lease running for 30 s more.
         held_row(910, "111-old", "pg@db1:5432", 30_000);
         for takeover_on_expiry in [true, false] {
@@ -527,6 +542,7 @@ mod tests {
 
     #[pg_test]
     fn another_run_of_the_holder_waits_on_a_shared_registry_for_its_lease_to_run_out() {
+        settled_registry();
         // Held by run `run` of holder 111-old, its lease running for 30 s more.
         held_row(930, "111-old", "pg@db1:5432", 30_000);
         let claim = |incarnation: &str, shared: bool| -> String {
@@ -547,12 +563,104 @@ mod tests {
         // Its lease run out, a new run takes it on a shared registry too.
         held_row(931, "111-old", "pg@db1:5432", -1);
         assert_eq!(
-            one::<String>(&format!(
+            one::<String>(
                 "SELECT c.granted::text FROM snowid.lease_claim(931, '111-old', 'later', 'pg@db1:5432',
                      30000, (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000
                      + 30000, true, 1) c"
-            )),
+            ),
             "true"
+        );
+    }
+
+    /// `snowid.lease_claim` of `worker_id` on a shared registry by `holder`'s run `run`, holding the
+    /// lease by its word or not, with a time-to-live of `ttl_ms`: granted, or refused with the
+    /// holder named, or with none and the seconds left until the registry settles.
+    fn shared_claim(worker_id: i32, holder: &str, holding: bool, ttl_ms: i64) -> String {
+        one(&format!(
+            "SELECT concat_ws(' ', c.granted::text, coalesce(c.holder_name, 'nobody'),
+                              CASE WHEN c.holder_name IS NULL
+                                   THEN round((c.expires_at_unix_ms
+                                               - extract(epoch FROM clock_timestamp()) * 1000) / 1000) END)
+               FROM snowid.lease_claim({worker_id}, '{holder}', 'run', 'pg@{holder}:5432', {ttl_ms},
+                        (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + {ttl_ms},
+                        true, 1, {holding}) c"
+        ))
+    }
+
+    #[pg_test]
+    fn a_shared_registry_in_a_new_epoch_renews_running_leases_and_grants_nothing_else_until_it_settles(
+    ) {
+        own_epoch();
+        // A lease that runs, one that ran out, and a worker id with no row (lost, or never used);
+        // the longest lease the registry knows of lasts 45 s.
+        held_row(940, "111-a", "pg@111-a:5432", 30_000);
+        held_row(941, "111-b", "pg@111-b:5432", -1);
+        Spi::run(
+            "UPDATE snowid.worker_lease SET renewed_at = expires_at - interval '45 seconds'
+              WHERE worker_id = 941",
+        )
+        .unwrap();
+        // The epoch as CREATE EXTENSION made it, as a registry restored from a dump (which leaves
+        // the epoch out) has it too.
+        assert_eq!(one::<String>("SELECT run FROM snowid.registry_epoch"), "");
+        // The holder of the running lease renews it by its row, without saying it holds it.
+        assert_eq!(
+            shared_claim(940, "111-a", false, 30_000),
+            "true pg@111-a:5432"
+        );
+        // Nothing else is granted for 45 s: not the row that ran out, not a row never seen.
+        assert_eq!(shared_claim(941, "111-c", false, 30_000), "false nobody 45");
+        assert_eq!(shared_claim(942, "111-c", false, 30_000), "false nobody 45");
+        // A claim with a longer time-to-live makes the wait as long.
+        assert_eq!(shared_claim(942, "111-c", false, 60_000), "false nobody 60");
+        // A server that holds the lease by its word gets its lost row back; the row of a running
+        // lease stays its holder's.
+        assert_eq!(
+            shared_claim(942, "111-d", true, 30_000),
+            "true pg@111-d:5432"
+        );
+        assert_eq!(
+            shared_claim(940, "111-c", true, 30_000),
+            "false pg@111-a:5432"
+        );
+        // A server that leases any worker id: refused whichever it picks, or given the one it holds.
+        let claim_any = |held: i32| -> String {
+            one(&format!(
+                "SELECT concat_ws(' ', c.granted::text, coalesce(c.holder_name, 'nobody'),
+                                  CASE WHEN c.granted THEN c.worker_id END)
+                   FROM snowid.lease_claim_any('111-e', 'run', 'pg@111-e:5432', 30000,
+                        (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + 30000,
+                        1, {held}) c"
+            ))
+        };
+        assert_eq!(claim_any(-1), "false nobody");
+        assert_eq!(claim_any(943), "true pg@111-e:5432 943");
+        // The server's own table is no shared registry: nothing to wait for there.
+        assert_eq!(claim_by_another_server(941, false), "false pg@111-b:5432");
+        // Settled, the registry grants the row that ran out, above its mark.
+        Spi::run("UPDATE snowid.registry_epoch SET settles_at = began_at").unwrap();
+        assert_eq!(
+            shared_claim(941, "111-c", false, 30_000),
+            "true pg@111-c:5432"
+        );
+        // A server's word that it holds a lease whose row is gone: rows were lost, a new epoch
+        // begins, as long as the longest lease the registry has known.
+        Spi::run("DELETE FROM snowid.worker_lease WHERE worker_id = 943").unwrap();
+        assert_eq!(
+            shared_claim(943, "111-e", true, 30_000),
+            "true pg@111-e:5432"
+        );
+        assert_eq!(shared_claim(944, "111-f", false, 30_000), "false nobody 60");
+        // The server restarted, or its lease table rewritten: a new epoch begins too.
+        Spi::run("UPDATE snowid.registry_epoch SET run = 'an earlier run', settles_at = began_at")
+            .unwrap();
+        assert_eq!(shared_claim(944, "111-f", false, 30_000), "false nobody 60");
+        // A registry that never granted a lease is new, and settles at once.
+        Spi::run("UPDATE snowid.registry_epoch SET run = 'an earlier run'").unwrap();
+        Spi::run("DELETE FROM snowid.worker_lease").unwrap();
+        assert_eq!(
+            shared_claim(944, "111-f", false, 30_000),
+            "true pg@111-f:5432"
         );
     }
 

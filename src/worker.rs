@@ -16,7 +16,7 @@ use crate::ceiling::Ceiling;
 use crate::claimant::Claimant;
 use crate::generator::{Clock, Grant, IssuingState, SystemClock};
 use crate::lease::{self, Claim, State, Text, Timing};
-use crate::registry::Registry;
+use crate::registry::{Held, Registry};
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, shmem};
 use pgrx::bgworkers::{
@@ -224,14 +224,51 @@ impl LeaseWorker {
         }
     }
 
+    /// Acts on a refused claim: the lease is another server's until `expires_at`, or, `unsettled`,
+    /// may be one the registry lost until then. Says when to claim again.
+    fn refused(
+        &mut self,
+        holder: &str,
+        expires_at: i64,
+        released: bool,
+        unsettled: bool,
+    ) -> Duration {
+        // The state first: a caller refused once the gate is closed reads why.
+        let handover_needed = self.registry.is_local();
+        let own_name = !handover_needed && holder == self.me.name;
+        shmem::update_lease_status(|status| {
+            status.worker_id = self.configured;
+            status.state = State::HeldByOther;
+            status.own_name = own_name;
+            status.unsettled = unsettled;
+            status.holder = Text::new(holder);
+            status.expires_at = expires_at;
+            status.handover_needed = handover_needed;
+            status.released = released;
+            status.last_error = Text::default();
+        });
+        self.lose_lease();
+        self.timing.retry_every()
+    }
+
     /// Claims the lease, acts on the answer, and says when to claim again.
     fn claim(&mut self, sent_ns: u64) -> Duration {
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
         let reserve_until_ms = now_ms + self.timing.ttl.as_millis() as u64;
         let asked = Instant::now();
-        let answer = self
-            .registry
-            .claim(&self.me, self.claiming, self.timing, reserve_until_ms);
+        // Only a lease that still runs: one that ran out may be another server's by now.
+        let held = self
+            .holding
+            .as_ref()
+            .filter(|held| held.deadline_ns > sent_ns)
+            .zip(shmem::lease_status().applied_tenure)
+            .map(|(held, tenure)| Held {
+                worker_id: held.worker_id,
+                tenure,
+            });
+        let answer =
+            self.registry
+                .claim(&self.me, self.claiming, self.timing, reserve_until_ms, held);
         if answer.is_ok() {
             self.inherited = None;
             // A failed claim is logged as such.
@@ -301,23 +338,8 @@ impl LeaseWorker {
                     expires_at,
                     released,
                 },
-            )) => {
-                // The state first: a caller refused once the gate is closed reads why.
-                let handover_needed = self.registry.is_local();
-                let own_name = !handover_needed && holder == self.me.name;
-                shmem::update_lease_status(|status| {
-                    status.worker_id = self.configured;
-                    status.state = State::HeldByOther;
-                    status.own_name = own_name;
-                    status.holder = Text::new(&holder);
-                    status.expires_at = expires_at;
-                    status.handover_needed = handover_needed;
-                    status.released = released;
-                    status.last_error = Text::default();
-                });
-                self.lose_lease();
-                self.timing.retry_every()
-            }
+            )) => self.refused(&holder, expires_at, released, false),
+            Ok((_, Claim::Unsettled { until })) => self.refused("", until, false, true),
             Ok((worker_id, Claim::MarkBeyondLayout { high_water_ms })) => {
                 let error = format!(
                     "its high-water mark, {high_water_ms} ms after 2026-01-01, lies beyond 2095-09-07 15:47:35.551 UTC, the last time ids can hold"

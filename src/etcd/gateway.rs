@@ -301,6 +301,17 @@ pub fn is_not_found(failure: &Failure) -> bool {
     )
 }
 
+/// Whether etcd refused to grant a lease because one with that ID exists.
+pub fn is_lease_taken(failure: &Failure) -> bool {
+    matches!(
+        failure,
+        Failure::Refused {
+            code: FAILED_PRECONDITION,
+            message,
+        } if message.contains("lease already exists")
+    )
+}
+
 /// Runs one transfer to its end, `deadline` or `stop`.
 fn transfer(
     easy: Easy2<Answer>,

@@ -15,13 +15,19 @@
 //! The rules are those of the PostgreSQL registry (see `lease`): the deadline counted from when the
 //! claim was sent, the next holder starting above the mark, and a restart of the holder taking its
 //! key back at once. A key another server holds is never taken before its etcd lease runs out.
+//!
+//! Each worker id has one etcd lease ID of its own (`lease_id`), so that etcd itself refuses a
+//! second holder while the first one's lease runs, even when the keys are gone: deleted, or
+//! written back from an earlier snapshot (then bound to no lease, and held by nobody). The server
+//! that holds the etcd lease puts its keys back at its next renewal; every other one is refused
+//! until the lease runs out.
 
 pub mod gateway;
 pub mod setting;
 
 use crate::layout::EPOCH_UNIX_MS;
 use crate::lease::ClaimRow;
-use gateway::{decode, encode, is_not_found, Failure, Gateway, Reply};
+use gateway::{decode, encode, is_lease_taken, is_not_found, Failure, Gateway, Reply};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -44,6 +50,22 @@ pub struct Request<'a> {
     pub reserve_until_ms: u64,
     /// This server's clock, in Unix microseconds.
     pub now_unix_us: i64,
+    /// The lease this run of the server holds and issues under, if any.
+    pub held: Option<Held>,
+}
+
+/// A lease a server holds: its worker id, and the tenure of the grant it applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub worker_id: u16,
+    pub tenure: i64,
+}
+
+/// The etcd lease ID of `worker_id` under `prefix`: the prefix's hash above the worker id's ten
+/// bits, positive and never 0 (which asks etcd to choose one).
+pub fn lease_id(prefix: &str, worker_id: u16) -> i64 {
+    let hashed = (crate::lease::fnv1a(prefix.as_bytes()) >> 11).max(1);
+    ((hashed << 10) | u64::from(worker_id)) as i64
 }
 
 /// Who holds a worker id, as `PREFIX/holders/N` records it.
@@ -113,6 +135,7 @@ impl Snapshot {
     fn other_holder(&self, holder: &str) -> Option<(String, Option<Holder>)> {
         let record = self.holder();
         match &self.worker.value {
+            Some(_) if self.worker.lease == 0 => None,
             Some(_) if record.as_ref().is_some_and(|own| own.holder == holder) => None,
             Some(name) => Some((name.clone(), record)),
             None => None,
@@ -144,7 +167,13 @@ pub enum Plan {
 /// Decides a claim of the worker id `snapshot` shows.
 pub fn plan(snapshot: &Snapshot, request: &Request) -> Result<Plan, String> {
     let mark_ms = snapshot.mark_ms()?;
-    let Some(name) = &snapshot.worker.value else {
+    // A key bound to no etcd lease was written back by hand, and holds nothing.
+    let Some(name) = snapshot
+        .worker
+        .value
+        .as_ref()
+        .filter(|_| snapshot.worker.lease != 0)
+    else {
         return Ok(Plan::Take { floor_ms: mark_ms });
     };
     Ok(match snapshot.holder() {
@@ -174,6 +203,21 @@ fn new_mark(mark_ms: u64, reserve_until_ms: u64, registry_unix_ms: i64, ttl: Dur
 
 /// How finely etcd's clock is read: the HTTP `Date` counts whole seconds.
 const DATE_RESOLUTION_MS: i64 = 1000;
+
+/// What came of taking a worker id's keys.
+enum Taken {
+    /// The keys are this server's, under an etcd lease of `ttl_s`; `renewal` when it held the
+    /// lease already and put back keys that were gone.
+    Keys {
+        ttl_s: i64,
+        holder: Holder,
+        renewal: bool,
+    },
+    /// The keys changed meanwhile.
+    Raced,
+    /// Another server holds the worker id's etcd lease, for `left_s` more.
+    LeaseRuns { left_s: i64 },
+}
 
 /// A claim that was granted.
 struct Granted {
@@ -228,8 +272,11 @@ impl Etcd {
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<ClaimRow, Failure> {
-        for _ in 0..ATTEMPTS {
-            let own = self
+        // Worker ids whose keys are gone while another server's etcd lease on them runs.
+        let mut leased: Vec<u16> = vec![];
+        let mut lost_races = 0;
+        while lost_races < ATTEMPTS {
+            let recorded = self
                 .range_prefix("holders", budget, stop)?
                 .into_iter()
                 .filter(|(_, slot)| {
@@ -243,13 +290,17 @@ impl Etcd {
                 })
                 .map(|(worker_id, _)| worker_id)
                 .min();
+            // The worker id this run issues under, even when its keys are gone.
+            let own = request.held.map(|held| held.worker_id).or(recorded);
             let worker_id = match own {
                 Some(worker_id) => worker_id,
                 None => {
                     let taken: Vec<u16> = self
                         .range_prefix("workers", budget, stop)?
                         .into_iter()
+                        .filter(|(_, slot)| slot.lease != 0)
                         .map(|(worker_id, _)| worker_id)
+                        .chain(leased.iter().copied())
                         .collect();
                     match (0..WORKER_IDS).find(|id| !taken.contains(id)) {
                         Some(worker_id) => worker_id,
@@ -265,11 +316,12 @@ impl Etcd {
                     }
                 }
             };
-            // Another server may have taken it meanwhile: then pick again.
-            if let Some(row) = self.try_claim(worker_id, request, budget, stop)? {
-                if row.granted == Some(true) || own.is_some() {
-                    return Ok(row);
-                }
+            match self.try_claim(worker_id, request, budget, stop)? {
+                Some(row) if row.granted == Some(true) || own.is_some() => return Ok(row),
+                // Its keys are gone, not its holder: pick the next.
+                Some(row) if row.holder_name.is_none() => leased.push(worker_id),
+                // Another server took it meanwhile: pick again.
+                _ => lost_races += 1,
             }
         }
         Err(Failure::Error(format!(
@@ -364,14 +416,19 @@ impl Etcd {
         let taken = self.take(
             worker_id,
             &snapshot,
-            request.ttl,
+            request,
             new_mark_ms,
             holder,
             budget,
             stop,
         )?;
-        Ok(taken.map(|(ttl_s, holder)| {
-            granted_row(
+        Ok(match taken {
+            Taken::Raced => None,
+            Taken::Keys {
+                ttl_s,
+                holder,
+                renewal,
+            } => Some(granted_row(
                 worker_id,
                 new_mark_ms,
                 registry_ms,
@@ -379,35 +436,83 @@ impl Etcd {
                     ttl_s,
                     holder,
                     floor_ms,
-                    continued,
-                    renewal: false,
+                    continued: continued || renewal,
+                    renewal,
                 },
-            )
-        }))
+            )),
+            // The keys are gone, and the etcd lease of the server that holds the worker id runs.
+            Taken::LeaseRuns { left_s } => Some(ClaimRow {
+                worker_id: Some(i32::from(worker_id)),
+                granted: Some(false),
+                expires_at_unix_ms: Some(registry_ms.saturating_add(left_s.saturating_mul(1000))),
+                released: Some(false),
+                ..ClaimRow::default()
+            }),
+        })
     }
 
-    /// Takes `worker_id`'s keys with a new etcd lease; `None` when they changed meanwhile.
+    /// Takes `worker_id`'s keys with its etcd lease: granted anew, or, when this run of the server
+    /// holds the worker id and its keys are gone, the one it holds, kept alive.
     #[allow(clippy::too_many_arguments)]
     fn take(
         &mut self,
         worker_id: u16,
         snapshot: &Snapshot,
-        ttl: Duration,
+        request: &Request,
         new_mark_ms: u64,
         holder: Holder,
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
-    ) -> Result<Option<(i64, Holder)>, Failure> {
-        let ttl_s = ttl.as_secs().max(1);
-        let reply = self.call(
+    ) -> Result<Taken, Failure> {
+        let lease = lease_id(&self.gateway.setting().prefix, worker_id);
+        let ttl_s = request.ttl.as_secs().max(1);
+        let grant = self.call(
             "/v3/lease/grant",
-            json!({"TTL": ttl_s.to_string()}),
+            json!({"ID": lease.to_string(), "TTL": ttl_s.to_string()}),
             budget,
             stop,
-        )?;
-        let lease = int(&reply.body["ID"]);
-        let granted_s = int(&reply.body["TTL"]);
-        if lease == 0 || granted_s <= 0 {
+        );
+        let (granted_s, holder, renewal) = match grant {
+            Ok(reply) => (int(&reply.body["TTL"]), holder, false),
+            Err(failure) if is_lease_taken(&failure) => {
+                let held = request.held.filter(|held| held.worker_id == worker_id);
+                let reply = match held {
+                    Some(_) => self.call(
+                        "/v3/lease/keepalive",
+                        json!({"ID": lease.to_string()}),
+                        budget,
+                        stop,
+                    )?,
+                    None => self.call(
+                        "/v3/lease/timetolive",
+                        json!({"ID": lease.to_string()}),
+                        budget,
+                        stop,
+                    )?,
+                };
+                match held {
+                    Some(held) => {
+                        let ttl_s = int(&reply.body["result"]["TTL"]);
+                        if ttl_s <= 0 {
+                            // It ran out since: grant it anew at the next claim.
+                            return Ok(Taken::Raced);
+                        }
+                        let holder = Holder {
+                            tenure: held.tenure,
+                            ..holder
+                        };
+                        (ttl_s, holder, true)
+                    }
+                    None => {
+                        return Ok(Taken::LeaseRuns {
+                            left_s: int(&reply.body["TTL"]).max(1),
+                        })
+                    }
+                }
+            }
+            Err(failure) => return Err(failure),
+        };
+        if granted_s <= 0 {
             return Err(Failure::Error("etcd granted no lease".into()));
         }
         let ops = vec![
@@ -416,22 +521,33 @@ impl Etcd {
             put(&self.key("marks", worker_id), &new_mark_ms.to_string(), 0),
         ];
         if self.commit(worker_id, snapshot, ops, budget, stop)? {
-            return Ok(Some((granted_s, holder)));
+            return Ok(Taken::Keys {
+                ttl_s: granted_s,
+                holder,
+                renewal,
+            });
         }
         // The keys changed, perhaps by this very transaction, applied by a member whose answer was
         // lost and sent again to the next.
         let now = self.read(worker_id, budget, stop)?;
         if now.worker.lease == lease && now.holder().as_ref() == Some(&holder) {
-            return Ok(Some((granted_s, holder)));
+            return Ok(Taken::Keys {
+                ttl_s: granted_s,
+                holder,
+                renewal,
+            });
         }
-        // Lost the race: the new etcd lease holds nothing, and would run out by itself.
-        let _ = self.call(
-            "/v3/lease/revoke",
-            json!({"ID": lease.to_string()}),
-            budget,
-            stop,
-        );
-        Ok(None)
+        // Lost the race to a server with a lease of another ID (snowid 0.7.0): the new etcd lease
+        // holds nothing, and would run out by itself. One this server issues under stays.
+        if !renewal {
+            let _ = self.call(
+                "/v3/lease/revoke",
+                json!({"ID": lease.to_string()}),
+                budget,
+                stop,
+            );
+        }
+        Ok(Taken::Raced)
     }
 
     /// Releases `worker_id`, held by this run of the server, lowering its mark to `high_water_ms`
@@ -461,7 +577,12 @@ impl Etcd {
                 delete(&self.key("holders", worker_id)),
             ];
             if self.commit(worker_id, &snapshot, ops, budget, stop)? {
-                let lease = snapshot.worker.lease.to_string();
+                // Keys written back by hand are bound to no etcd lease; this server's still runs.
+                let lease = match snapshot.worker.lease {
+                    0 => lease_id(&self.gateway.setting().prefix, worker_id),
+                    lease => lease,
+                }
+                .to_string();
                 return match self.call("/v3/lease/revoke", json!({"ID": lease}), budget, stop) {
                     Err(failure) if !is_not_found(&failure) => Err(failure),
                     _ => Ok(()),
@@ -659,6 +780,7 @@ mod tests {
             ttl: TTL,
             reserve_until_ms: 100_000 + 30_000,
             now_unix_us: 1_795_953_600_000_000,
+            held: None,
         }
     }
 
@@ -733,6 +855,36 @@ mod tests {
             unreadable.other_holder("7351-aaaa"),
             Some(("pg@node1:5432".into(), None))
         );
+    }
+
+    #[test]
+    fn keys_written_back_by_hand_bound_to_no_etcd_lease_hold_nothing() {
+        // Written back from a snapshot, say: taken above their mark, by whoever holds the etcd
+        // lease of the worker id (see `lease_id`), and no standby is told of a holder.
+        let other = holder("7351-bbbb", "x", "pg@node1:5432");
+        let mut written_back = snapshot(Some(&other), 120_000);
+        written_back.worker.lease = 0;
+        written_back.holding.lease = 0;
+        assert_eq!(
+            plan(&written_back, &request()),
+            Ok(Plan::Take { floor_ms: 120_000 })
+        );
+        assert_eq!(written_back.other_holder("7351-aaaa"), None);
+    }
+
+    #[test]
+    fn each_worker_id_of_a_prefix_has_its_own_positive_etcd_lease_id() {
+        let ids: Vec<i64> = (0..WORKER_IDS).map(|id| lease_id("/snowid", id)).collect();
+        assert!(ids.iter().all(|&id| id > 0));
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 1024);
+        // The worker id in the low ten bits, the prefix's hash above them.
+        assert_eq!(ids[5] & 1023, 5);
+        assert_eq!(ids[5] >> 10, ids[1000] >> 10);
+        assert_ne!(lease_id("/snowid", 5), lease_id("/other", 5));
+        assert_eq!(lease_id("/snowid", 5), lease_id("/snowid", 5));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::{OtherHolder, NO_ANSWER, RELEASE_BUDGET, STOPPED};
 use crate::claimant::Claimant;
 use crate::etcd::gateway::Failure;
 use crate::etcd::setting::Setting;
-use crate::etcd::{Etcd, Request};
+use crate::etcd::{Etcd, Held, Request};
 use crate::lease::{ClaimRow, OtherHolderIs, Text, Timing};
 use crate::shmem;
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
@@ -43,6 +43,7 @@ impl EtcdRegistry {
         worker_id: Option<u16>,
         timing: Timing,
         reserve_until_ms: u64,
+        held: Option<Held>,
     ) -> Result<ClaimRow, String> {
         let request = Request {
             holder: &me.holder,
@@ -53,6 +54,7 @@ impl EtcdRegistry {
             now_unix_us: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |since| since.as_micros() as i64),
+            held,
         };
         // A claim that cannot finish within a renewal interval gives way to the next, which starts
         // at the next member, so that the status says the registry is unreachable well before

@@ -10,6 +10,7 @@ mod remote;
 
 use crate::claimant::Claimant;
 use crate::etcd::setting::is_etcd;
+pub use crate::etcd::Held;
 use crate::gucs;
 use crate::lease::{self, Claim, ClaimRow, OtherHolderIs, Timing};
 use crate::shmem;
@@ -36,27 +37,42 @@ impl Registry {
         matches!(self, Registry::Local(_))
     }
 
-    /// Claims `worker_id`'s lease, or any free worker id's. Returns the worker id claimed (none
-    /// when every one is leased) and the registry's answer.
+    /// Claims `worker_id`'s lease, or any free worker id's, for a server that issues under `held`
+    /// (etcd, which can tell that lease from another's when its keys are gone, asks). Returns the
+    /// worker id claimed (none when every one is leased) and the registry's answer.
     pub fn claim(
         &mut self,
         me: &Claimant,
         worker_id: Option<u16>,
         timing: Timing,
         reserve_until_ms: u64,
+        held: Option<Held>,
     ) -> Result<(Option<u16>, Claim), String> {
         if let Registry::Etcd(etcd) = self {
             return etcd
-                .claim(me, worker_id, timing, reserve_until_ms)
+                .claim(me, worker_id, timing, reserve_until_ms, held)
                 .map(answer_of);
         }
         let mut params = vec![];
-        let sql = match worker_id {
+        // What a registry that takes the lease held (0.8.0 and later) is told of it.
+        let (sql, holding_sql, holding) = match worker_id {
             Some(worker_id) => {
                 params.push(Param::Int(i32::from(worker_id)));
-                lease::CLAIM_SQL
+                let holding = held.is_some_and(|held| held.worker_id == worker_id);
+                (
+                    lease::CLAIM_SQL,
+                    lease::CLAIM_HOLDING_SQL,
+                    Param::Bool(holding),
+                )
             }
-            None => lease::CLAIM_ANY_SQL,
+            None => {
+                let holding = held.map_or(-1, |held| i32::from(held.worker_id));
+                (
+                    lease::CLAIM_ANY_SQL,
+                    lease::CLAIM_ANY_HOLDING_SQL,
+                    Param::Int(holding),
+                )
+            }
         };
         params.extend([
             Param::Text(me.holder.clone()),
@@ -73,7 +89,7 @@ impl Registry {
         params.push(Param::Big(i64::from(shmem::timeline())));
         let row: ClaimRow = match self {
             Registry::Local(local) => local.claim(sql, &params)?,
-            Registry::Remote(remote) => remote.claim(sql, &params)?,
+            Registry::Remote(remote) => remote.claim(sql, &params, (holding_sql, holding))?,
             Registry::Etcd(_) => unreachable!("answered above"),
         };
         Ok(answer_of(row))
@@ -163,6 +179,7 @@ const STOPPED: &str = "interrupted by the server's shutdown";
 const NO_ANSWER: &str = "the registry did not answer in time";
 
 /// A parameter of a registry call, for either kind of registry.
+#[derive(Clone)]
 pub enum Param {
     Int(i32),
     Big(i64),

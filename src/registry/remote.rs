@@ -19,6 +19,10 @@ pub struct Remote {
     hosts: Vec<Options>,
     connect_timeout: Duration,
     connection: Option<Connection>,
+    /// Whether the registry connected to takes the lease a server holds, and this role may tell
+    /// it (see `lease::HOLDING_READY_SQL`): asked again at each claim until it does, so that a
+    /// registry updated or granted meanwhile is used as such.
+    takes_holding: bool,
 }
 
 impl Remote {
@@ -41,11 +45,29 @@ impl Remote {
             connect_timeout: conninfo::connect_timeout(&options),
             hosts: conninfo::per_host(conninfo::session_parameters(options)),
             connection: None,
+            takes_holding: false,
         })
     }
 
-    pub fn claim(&mut self, sql: &str, params: &[Param]) -> Result<ClaimRow, String> {
-        let rows = self.call(sql, params, None)?;
+    /// Claims with `sql`, or, from a registry that takes the lease held, with `holding`'s query and
+    /// its parameter added.
+    pub fn claim(
+        &mut self,
+        sql: &str,
+        params: &[Param],
+        holding: (&str, Param),
+    ) -> Result<ClaimRow, String> {
+        if !self.takes_holding {
+            let ready = self.call(lease::HOLDING_READY_SQL, &[], None)?;
+            self.takes_holding = ready == [[Some("t".to_string())]];
+        }
+        let rows = if self.takes_holding {
+            let (holding_sql, held) = holding;
+            let params: Vec<Param> = params.iter().cloned().chain([held]).collect();
+            self.call(holding_sql, &params, None)?
+        } else {
+            self.call(sql, params, None)?
+        };
         let row = rows.first().ok_or("the registry returned no row")?;
         ClaimRow::from_text(row)
     }
@@ -79,6 +101,7 @@ impl Remote {
     ) -> Result<Vec<Vec<Option<String>>>, String> {
         if self.connection.is_none() {
             self.connection = Some(self.connect(budget)?);
+            self.takes_holding = false;
         }
         let connection = self.connection.as_mut().expect("connected above");
         let params: Vec<String> = params.iter().map(Param::text).collect();

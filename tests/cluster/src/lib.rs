@@ -8,13 +8,17 @@
 //! already be installed.
 
 pub mod etcd;
+pub mod loss;
 pub mod tls;
 
 use postgres::{Client, NoTls};
+use std::collections::HashSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -218,14 +222,48 @@ impl Cluster {
         self.base_backup(name, &[])
     }
 
-    /// Starts a base backup in archive recovery with `settings` (restore_command, a recovery
-    /// target), as a point-in-time restore does.
-    pub fn start_recovering(&self, settings: &[&str]) {
+    /// Switches to a new WAL segment and waits until the last one is in `archive`, where this
+    /// cluster's archive_command copies them.
+    pub fn archive_current_wal(&self, archive: &Path) {
+        let last_segment: String = self
+            .connect()
+            .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
+            .unwrap()
+            .get(0);
+        wait_for(
+            "the last WAL segment archived",
+            Duration::from_secs(30),
+            || archive.join(&last_segment).exists(),
+        );
+    }
+
+    /// Starts a base backup in archive recovery from the WAL in `archive` to `target` (a
+    /// timestamp), with `settings` besides, and waits until it has reached it and been promoted,
+    /// as a point-in-time restore does.
+    pub fn recover_to(&self, archive: &Path, target: &str, settings: &[&str]) {
         let data = Path::new(&self.data()).to_path_buf();
+        let restore_command = format!("restore_command = 'cp {}/%f %p'", archive.display());
+        let target = format!("recovery_target_time = '{target}'");
+        self.add_settings(&[
+            &restore_command,
+            &target,
+            "recovery_target_action = 'promote'",
+        ]);
         self.add_settings(settings);
         fs::write(data.join("recovery.signal"), "").unwrap();
         chown_to_postgres(&data.join("recovery.signal"));
         self.pg_ctl("start");
+        let mut client = self.connect();
+        wait_for(
+            "the recovery to reach its target and promote",
+            Duration::from_secs(30),
+            || {
+                !client
+                    .query_one("SELECT pg_is_in_recovery()", &[])
+                    .unwrap()
+                    .get::<_, bool>(0)
+            },
+        );
     }
 
     /// This cluster, stopped cleanly before, upgraded by pg_upgrade into a new data directory with
@@ -297,6 +335,23 @@ impl Cluster {
         self.client_program(
             "pg_restore",
             &[
+                "--single-transaction",
+                "-d",
+                database,
+                &file.display().to_string(),
+            ],
+        );
+    }
+
+    /// `pg_restore` of a `pg_dump -Fc` file over a database in use, in one transaction: the dumped
+    /// objects are dropped and made again from the dump, as restoring a backup over a live database
+    /// does.
+    pub fn restore_over(&self, database: &str, file: &Path) {
+        self.client_program(
+            "pg_restore",
+            &[
+                "--clean",
+                "--if-exists",
                 "--single-transaction",
                 "-d",
                 database,
@@ -515,7 +570,6 @@ impl Cluster {
         self.as_postgres(&["pg_ctl", "-w", "-D", &self.data(), "promote"], &[]);
     }
 
-    /// Kills the postmaster with SIGKILL, then what is left of its processes, as a crash would.
     /// The process ids of the postmaster and every process it started.
     pub fn processes(&self) -> Vec<String> {
         let pid_file = fs::read_to_string(Path::new(&self.data()).join("postmaster.pid")).unwrap();
@@ -544,6 +598,7 @@ impl Cluster {
         self.pg_ctl("restart");
     }
 
+    /// Kills the postmaster with SIGKILL, then what is left of its processes, as a crash would.
     pub fn kill_postmaster(&self) {
         let pid_file = fs::read_to_string(Path::new(&self.data()).join("postmaster.pid")).unwrap();
         let pid = pid_file.lines().next().unwrap().trim().to_string();
@@ -898,8 +953,6 @@ pub fn lease_worker_pid(client: &mut Client) -> i32 {
         .get(0)
 }
 
-/// Waits up to `limit` for `snowid_status()`'s lease_state to read `wanted`; returns the last state
-/// read.
 /// Waits until the standby that `client` is connected to names `holder` as the server that holds
 /// its worker id (`snowid_status().worker_id_held_by`).
 pub fn wait_for_held_by(client: &mut Client, holder: &str) {
@@ -917,6 +970,8 @@ pub fn wait_for_held_by(client: &mut Client, holder: &str) {
     );
 }
 
+/// Waits up to `limit` for `snowid_status()`'s lease_state to read `wanted`; returns the last state
+/// read.
 pub fn wait_for_lease_state(
     client: &mut Client,
     wanted: &str,
@@ -991,4 +1046,65 @@ impl Node {
     pub fn holder_name(&self) -> String {
         format!("{}@{}:{}", self.name, host_name(), self.cluster.port)
     }
+}
+
+/// One call of an application: when it ended, relative to the start, and its id or refusal.
+pub struct Call {
+    pub at: Duration,
+    pub result: Result<i64, String>,
+}
+
+/// Calls `snowid_next()` on each of `nodes` every 10 ms while `during` runs; returns the calls.
+pub fn calls_during<T>(nodes: &[&Node], during: impl FnOnce(Instant) -> T) -> (Vec<Vec<Call>>, T) {
+    let done = AtomicBool::new(false);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let applications: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                let done = &done;
+                scope.spawn(move || {
+                    let mut client = node.cluster.connect();
+                    let mut calls = vec![];
+                    while !done.load(Ordering::Relaxed) {
+                        let result = next_id(&mut client);
+                        calls.push(Call {
+                            at: started.elapsed(),
+                            result,
+                        });
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    calls
+                })
+            })
+            .collect();
+        let outcome = during(started);
+        done.store(true, Ordering::Relaxed);
+        (
+            applications
+                .into_iter()
+                .map(|application| application.join().unwrap())
+                .collect(),
+            outcome,
+        )
+    })
+}
+
+/// Every id of `calls`, checked to be distinct across all of them.
+pub fn distinct_ids<'a>(calls: impl IntoIterator<Item = &'a Call>) -> Vec<i64> {
+    let ids: Vec<i64> = calls
+        .into_iter()
+        .filter_map(|call| call.result.as_ref().ok().copied())
+        .collect();
+    let distinct: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len(), "an id was issued twice");
+    ids
+}
+
+/// One `snowid_next()`: the id, or the refusal's text.
+pub fn next_id(client: &mut Client) -> Result<i64, String> {
+    client
+        .query_one("SELECT snowid_next()", &[])
+        .map(|row| row.get(0))
+        .map_err(|error| error_text(&error))
 }

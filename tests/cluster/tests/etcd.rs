@@ -7,15 +7,19 @@
 
 use postgres::Client;
 use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
+use snowid_cluster_tests::loss::{
+    fleet_through_a_registry_loss, FLEET, NEWCOMER_WORKER_ID, NOT_ACQUIRED,
+};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    error_text, give_to_postgres, lease_worker_pid, wait_for, wait_for_lease_state, Node,
+    calls_during, distinct_ids, give_to_postgres, lease_worker_pid, next_id, wait_for,
+    wait_for_lease_state, Node,
 };
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// snowid's epoch, 2026-01-01, in Unix ms.
@@ -54,13 +58,6 @@ fn status(client: &mut Client) -> (String, Option<i32>, Option<String>, String, 
     (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
 }
 
-fn next_id(client: &mut Client) -> Result<i64, String> {
-    client
-        .query_one("SELECT snowid_next()", &[])
-        .map(|row| row.get(0))
-        .map_err(|error| error_text(&error))
-}
-
 fn worker_of(id: i64) -> i64 {
     (id >> 12) & 1023
 }
@@ -91,59 +88,6 @@ fn try_mark(etcd: &EtcdCluster, worker_id: u16) -> Option<i64> {
         .trim()
         .parse()
         .ok()
-}
-
-/// One call of an application: when it ended, relative to the start, and its id or refusal.
-struct Call {
-    at: Duration,
-    result: Result<i64, String>,
-}
-
-/// Calls `snowid_next()` on `node` every 10 ms while `during` runs; returns the calls.
-fn calls_during<T>(nodes: &[&Node], during: impl FnOnce(Instant) -> T) -> (Vec<Vec<Call>>, T) {
-    let done = AtomicBool::new(false);
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        let applications: Vec<_> = nodes
-            .iter()
-            .map(|node| {
-                let done = &done;
-                scope.spawn(move || {
-                    let mut client = node.cluster.connect();
-                    let mut calls = vec![];
-                    while !done.load(Ordering::Relaxed) {
-                        let result = next_id(&mut client);
-                        calls.push(Call {
-                            at: started.elapsed(),
-                            result,
-                        });
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                    calls
-                })
-            })
-            .collect();
-        let outcome = during(started);
-        done.store(true, Ordering::Relaxed);
-        (
-            applications
-                .into_iter()
-                .map(|application| application.join().unwrap())
-                .collect(),
-            outcome,
-        )
-    })
-}
-
-/// Every id of `calls`, checked to be distinct across all of them.
-fn distinct_ids<'a>(calls: impl IntoIterator<Item = &'a Call>) -> Vec<i64> {
-    let ids: Vec<i64> = calls
-        .into_iter()
-        .filter_map(|call| call.result.as_ref().ok().copied())
-        .collect();
-    let distinct: HashSet<i64> = ids.iter().copied().collect();
-    assert_eq!(distinct.len(), ids.len(), "an id was issued twice");
-    ids
 }
 
 #[test]
@@ -371,6 +315,57 @@ fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
     assert!(id > ids[leaving], "above the ids the leaver issued");
     ids.push(id);
     assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 6);
+}
+
+#[test]
+fn keys_wiped_and_written_back_from_an_earlier_copy_under_a_running_fleet_grant_no_worker_id_twice()
+{
+    let etcd = EtcdCluster::start(&directory("written-back"), 3, None);
+    let registry = registry(&etcd);
+    // Every key as `etcdctl get` printed it when the copy was taken: key and value lines.
+    let copy = RefCell::new(String::new());
+    let run = fleet_through_a_registry_loss(
+        "etcd-back",
+        &registry,
+        &["snowid.lease_ttl = 9"],
+        || *copy.borrow_mut() = etcd.etcdctl(&["get", "--prefix", "/snowid/"]),
+        || {
+            etcd.etcdctl(&["del", "--prefix", "/snowid/"]);
+            let copy = copy.borrow();
+            let lines: Vec<&str> = copy.lines().collect();
+            assert_eq!(lines.len(), 12, "a's and f1's three keys: {copy}");
+            for pair in lines.chunks(2) {
+                etcd.etcdctl(&["put", pair[0], pair[1]]);
+            }
+        },
+    );
+    // Each holder kept its etcd lease, which etcd refuses to grant again, and put its keys back.
+    let refused = run.assert_unique_and_issuing_again(Duration::ZERO);
+    assert_eq!(refused, [0; 5]);
+    assert_eq!(
+        run.newcomer_refusals()
+            .iter()
+            .filter(|refusal| *refusal != NOT_ACQUIRED)
+            .count(),
+        0
+    );
+    let mut holders: Vec<(u16, String)> = run
+        .nodes
+        .iter()
+        .zip(FLEET)
+        .map(|(node, (_, _, worker_id))| (worker_id as u16, node.holder_name()))
+        .collect();
+    holders.push((NEWCOMER_WORKER_ID as u16, run.newcomer.holder_name()));
+    // By their next renewal, every holder's keys are its own and bound to its etcd lease again.
+    for (worker_id, name) in holders {
+        let key = format!("/snowid/workers/{worker_id}");
+        wait_for(
+            &format!("{key} bound to an etcd lease"),
+            Duration::from_secs(5),
+            || etcd.lease_of(&key) != 0,
+        );
+        assert_eq!(etcd.get(&key), Some(name));
+    }
 }
 
 #[test]

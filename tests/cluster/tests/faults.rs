@@ -627,33 +627,9 @@ fn a_point_in_time_restore_refuses_beside_its_original_and_issues_above_it_once_
         .get(0);
     std::thread::sleep(Duration::from_millis(50));
     insert(&mut original_client, "after the target", &mut ids);
-    let last_segment: String = original_client
-        .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
-        .unwrap()
-        .get(0);
-    wait_for(
-        "the last WAL segment archived",
-        Duration::from_secs(30),
-        || archive.join(&last_segment).exists(),
-    );
-
-    backup.start_recovering(&[
-        &format!("restore_command = 'cp {}/%f %p'", archive.display()),
-        &format!("recovery_target_time = '{target}'"),
-        "recovery_target_action = 'promote'",
-        "cluster_name = 'pitr-restored'",
-    ]);
+    original.archive_current_wal(&archive);
+    backup.recover_to(&archive, &target, &["cluster_name = 'pitr-restored'"]);
     let mut restored = backup.connect();
-    wait_for(
-        "the restore to reach its target and promote",
-        Duration::from_secs(30),
-        || {
-            !restored
-                .query_one("SELECT pg_is_in_recovery()", &[])
-                .unwrap()
-                .get::<_, bool>(0)
-        },
-    );
     let items: Vec<(String, i64)> = restored
         .query("SELECT item, count(*) FROM orders GROUP BY item", &[])
         .unwrap()

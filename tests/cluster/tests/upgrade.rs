@@ -50,9 +50,9 @@ fn current() -> String {
 /// the lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
     if server_version_num(client) >= 170000 {
-        23
+        29
     } else {
-        21
+        25
     }
 }
 
@@ -176,14 +176,7 @@ fn updating_from_0_6_0_keeps_every_lease_row_and_mark() {
                                holder_name, acquired_at, renewed_at, expires_at, high_water_ms,
                                released_by, released_timeline, acquired_mark_ms)
                           FROM snowid.worker_lease ORDER BY worker_id";
-    let rows = |client: &mut postgres::Client| -> Vec<String> {
-        client
-            .query(ROWS, &[])
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect()
-    };
+    let rows = |client: &mut postgres::Client| texts(client, ROWS);
     let before = rows(&mut old);
     assert_eq!(before.len(), 3);
     update_and_compare_with_fresh(&cluster, &mut old, "0.6.0");
@@ -192,6 +185,37 @@ fn updating_from_0_6_0_keeps_every_lease_row_and_mark() {
     assert_eq!(after[1..], before[1..]);
     let own = |row: &str| row.split(' ').take(4).collect::<Vec<_>>().join(" ");
     assert_eq!(own(&after[0]), own(&before[0]));
+}
+
+#[test]
+fn updating_from_0_7_0_keeps_every_lease_row_and_mark() {
+    let (cluster, mut old) = installed("upgrade-0.7.0", "0.7.0", &[]);
+    assert_eq!(cluster.wait_for_lease(&mut old), "held");
+    old.batch_execute(
+        "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, holder_name, acquired_at,
+             renewed_at, expires_at, high_water_ms, holder_role, acquired_mark_ms)
+         VALUES (3, '42-aa', 'run', 'pg@db1:5432', now(), now(), now() + interval '30 seconds',
+                 28728000000, 'postgres', 28727000000);
+         INSERT INTO snowid.worker_lease (worker_id, high_water_ms, released_by, released_timeline)
+         VALUES (4, 28726000000, '42-bb', 2);",
+    )
+    .unwrap();
+    const ROWS: &str =
+        "SELECT w::text FROM snowid.worker_lease w WHERE worker_id <> 21 ORDER BY worker_id";
+    let before = texts(&mut old, ROWS);
+    assert_eq!(before.len(), 2);
+    update_and_compare_with_fresh(&cluster, &mut old, "0.7.0");
+    assert_eq!(texts(&mut old, ROWS), before);
+}
+
+/// The first column of each row of `query`, as text.
+fn texts(client: &mut postgres::Client, query: &str) -> Vec<String> {
+    client
+        .query(query, &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
 }
 
 /// A server leasing worker id 21 from its database `upgraded`, with `settings` besides, where
@@ -249,15 +273,7 @@ fn update_and_compare_with_fresh(cluster: &Cluster, old: &mut postgres::Client, 
         .unwrap();
     let mut new = cluster.connect_to("fresh");
     new.batch_execute("CREATE EXTENSION snowid").unwrap();
-    let members = |client: &mut postgres::Client| -> Vec<String> {
-        client
-            .query(MEMBERS, &[])
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect()
-    };
-    let (upgraded, fresh) = (members(old), members(&mut new));
+    let (upgraded, fresh) = (texts(old, MEMBERS), texts(&mut new, MEMBERS));
     assert_eq!(upgraded, fresh);
     assert_eq!(fresh.len(), fresh_members(&mut new), "{fresh:#?}");
 
