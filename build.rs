@@ -1,7 +1,8 @@
 //! Links snowid to the libpq of the PostgreSQL it is built for, and records where that libpq lives.
 //! A preloaded library's libpq is the one the whole server process then uses, its walreceiver's
 //! included, so it must be that server's own: PostgreSQL 18's walreceiver passes options that an
-//! older libpq rejects.
+//! older libpq rejects (for PostgreSQL 16 from the pgserver wheel, whose own libpq speaks no TLS,
+//! set-up puts a newer one in its library directory: see scripts/postgresql-wheel.sh).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,7 +29,7 @@ fn pg_config() -> Option<PathBuf> {
     if let Ok(path) = std::env::var("PGRX_PG_CONFIG_PATH") {
         return Some(path.into());
     }
-    let major = ["pg15", "pg17", "pg18"].into_iter().find(|major| {
+    let major = ["pg15", "pg16", "pg17", "pg18"].into_iter().find(|major| {
         std::env::var_os(format!("CARGO_FEATURE_{}", major.to_uppercase())).is_some()
     })?;
     let home = std::env::var_os("PGRX_HOME")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/package.sh MAJOR: writes dist/postgresql-MAJOR-snowid_VERSION_amd64.deb, a Debian package
-# of snowid for PostgreSQL MAJOR (15, 17 or 18) as Debian's own postgresql-MAJOR lays it out. Its files
+# of snowid for PostgreSQL MAJOR (15, 16, 17 or 18) as Debian's own postgresql-MAJOR lays it out. Its files
 # are what `cargo pgrx package` builds, and every install and upgrade script in sql/. Prints the
 # package's path last.
 major=${1:?usage: scripts/package.sh MAJOR}
@@ -20,7 +20,8 @@ rm -rf "$root"
 install -d "$root/DEBIAN" "$root/usr/lib/postgresql/$major/lib" "$root/usr/share/postgresql/$major/extension"
 cp -a "$built$("$PG_CONFIG" --pkglibdir)/." "$root/usr/lib/postgresql/$major/lib/"
 cp -a "$built$("$PG_CONFIG" --sharedir)/extension/." "$root/usr/share/postgresql/$major/extension/"
-# No runpath: the package's library finds the libpq of the system it is installed on.
+# No runpath: the package's library finds the libpq of the system it is installed on, which must be
+# of the server's major or later (the whole server process, its walreceiver included, uses it).
 patchelf --remove-rpath "$root/usr/lib/postgresql/$major/lib/snowid.so"
 install -m 644 sql/snowid--*.sql "$root/usr/share/postgresql/$major/extension/"
 for tool in patroni prometheus; do
@@ -32,7 +33,7 @@ Package: postgresql-$major-snowid
 Version: $version
 Architecture: $(dpkg --print-architecture)
 Maintainer: snowid developers <snowid@localhost>
-Depends: postgresql-$major, libpq5, libcurl4, libgcc-s1, libc6
+Depends: postgresql-$major, libpq5 (>= $major~), libcurl4, libgcc-s1, libc6
 Section: database
 Priority: optional
 Description: unique, roughly time-ordered 64-bit ids made inside PostgreSQL $major

@@ -1,19 +1,21 @@
 # Sourced by the other scripts: installs what building and testing snowid needs, when missing.
 # Idempotent and quick on re-run. Runs as root, or as a user who may sudo.
-# PG_MAJOR picks the PostgreSQL major: 15 (the default, Debian's), 17 or 18 (built once from
-# Debian's source packages, see postgresql-source.sh); PG_CONFIG follows from it.
+# PG_MAJOR picks the PostgreSQL major: 15 (the default, Debian's), 16 (unpacked once from PyPI's
+# pgserver wheel, see postgresql-wheel.sh), 17 or 18 (built once from Debian's source packages, see
+# postgresql-source.sh); PG_CONFIG follows from it.
 set -euo pipefail
 
 PGRX_VERSION=0.18.0
 NEXTEST_MINIMUM=0.9.91
 NEXTEST_VERSION=0.9.143
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MAJORS=(15 17 18)
+MAJORS=(15 16 17 18)
 
 is_root() { [ "$(id -u)" = 0 ]; }
 as_root() { if is_root; then "$@"; else sudo "$@"; fi; }
 
 source "$REPO/scripts/postgresql-source.sh"
+source "$REPO/scripts/postgresql-wheel.sh"
 
 PG_MAJOR=${PG_MAJOR:-15}
 if [[ ! $PG_MAJOR =~ ^[0-9]+$ || " ${MAJORS[*]} " != *" $PG_MAJOR "* ]]; then
@@ -22,7 +24,11 @@ if [[ ! $PG_MAJOR =~ ^[0-9]+$ || " ${MAJORS[*]} " != *" $PG_MAJOR "* ]]; then
 fi
 
 pg_config_of() {
-    if [ "$1" = 15 ]; then echo "/usr/lib/postgresql/15/bin/pg_config"; else echo "$(source_prefix_of "$1")/bin/pg_config"; fi
+    case $1 in
+    15) echo "/usr/lib/postgresql/15/bin/pg_config" ;;
+    16) wheel_pg_config "$1" ;;
+    *) echo "$(source_prefix_of "$1")/bin/pg_config" ;;
+    esac
 }
 
 # curl, make, bzip2, bison, flex, libicu-dev and zlib1g-dev build PostgreSQL 17 and 18; libcurl4-openssl-dev
@@ -68,19 +74,23 @@ fi
 # The scripts keep a pgrx configuration of their own, naming exactly the majors present here.
 export PGRX_HOME=${SNOWID_PGRX_HOME:-$REPO/target/pgrx}
 
-# major_ready MAJOR: Debian's PostgreSQL 15 is installed, or the pinned build of MAJOR is.
+# major_ready MAJOR: Debian's PostgreSQL 15 is installed, or the pinned wheel or build of MAJOR is.
 major_ready() {
-    if [ "$1" = 15 ]; then
-        [ -x "$(pg_config_of 15)" ]
-    else
-        [ "$(cat "$(source_marker "$1")" 2>/dev/null)" = "$(source_of "$1")" ]
-    fi
+    case $1 in
+    15) [ -x "$(pg_config_of 15)" ] ;;
+    16) [ "$(cat "$(wheel_marker "$1")" 2>/dev/null)" = "$(wheel_of "$1") $(source_prefix_of "$(libpq_major_of "$1")")/lib/libpq.so.5" ] ;;
+    *) [ "$(cat "$(source_marker "$1")" 2>/dev/null)" = "$(source_of "$1")" ] ;;
+    esac
 }
 
-# use_major MAJOR: PostgreSQL MAJOR ready (built, for 17 and 18) and known to pgrx; PG_CONFIG
-# names it.
+# use_major MAJOR: PostgreSQL MAJOR ready (unpacked for 16, built for 17 and 18) and known to pgrx;
+# PG_CONFIG names it.
 use_major() {
-    if [ "$1" != 15 ]; then build_postgresql "$1"; fi
+    case $1 in
+    15) ;;
+    16) install_wheel_postgresql "$1" ;;
+    *) build_postgresql "$1" ;;
+    esac
     PG_CONFIG=$(pg_config_of "$1")
     local major path args=() wanted=()
     for major in "${MAJORS[@]}"; do
@@ -97,7 +107,12 @@ use_major() {
 }
 use_major "$PG_MAJOR"
 
-# Builds snowid in release mode and installs it into the PostgreSQL that PG_CONFIG names.
+# speaks_tls MAJOR: whether PostgreSQL MAJOR's server was built with OpenSSL (16's from the wheel
+# was not).
+speaks_tls() {
+    [[ $("$(pg_config_of "$1")" --configure) =~ --with-(openssl|ssl=openssl) ]]
+}
+
 # matplotlib, for the benchmarks' charts, when missing.
 install_matplotlib() {
     python3 -c 'import matplotlib' 2>/dev/null && return 0
@@ -105,6 +120,7 @@ install_matplotlib() {
     python3 -m pip install --quiet matplotlib 2>/dev/null || as_root apt-get install -y -qq python3-matplotlib >&2
 }
 
+# Builds snowid in release mode and installs it into the PostgreSQL that PG_CONFIG names.
 install_snowid() {
     echo "==> building and installing snowid (release)"
     local sudo_flag=()

@@ -40,6 +40,20 @@ impl Cluster {
         Cluster::create(&std::env::temp_dir(), name, settings, false)
     }
 
+    /// Like [`Cluster::start`], on a server that speaks TLS: the one `PG_CONFIG` names if it was
+    /// built with OpenSSL, as every distribution builds it, else Debian's PostgreSQL 15 (for the
+    /// pgserver wheel's PostgreSQL 16, built without), into which snowid must be installed too.
+    pub fn start_speaking_tls(name: &str, settings: &[&str]) -> Cluster {
+        let configure = pg_config("--configure");
+        let bindir =
+            if configure.contains("--with-openssl") || configure.contains("--with-ssl=openssl") {
+                PathBuf::from(pg_config("--bindir"))
+            } else {
+                PathBuf::from(DEBIAN_BINDIR)
+            };
+        Cluster::create_in(bindir, &std::env::temp_dir(), name, settings, false)
+    }
+
     /// A running cluster that preloads snowid, named `name` (its `cluster_name`), with the snowid
     /// settings `snowid` and then `settings`; with `fake_clock`, like
     /// [`Cluster::start_with_fake_clock`].
@@ -91,8 +105,19 @@ impl Cluster {
     }
 
     fn create(parent: &Path, name: &str, settings: &[&str], fake_clock: bool) -> Cluster {
-        let port = free_port();
         let bindir = PathBuf::from(pg_config("--bindir"));
+        Cluster::create_in(bindir, parent, name, settings, fake_clock)
+    }
+
+    /// A running cluster of the server in `bindir`.
+    fn create_in(
+        bindir: PathBuf,
+        parent: &Path,
+        name: &str,
+        settings: &[&str],
+        fake_clock: bool,
+    ) -> Cluster {
+        let port = free_port();
         let dir = parent.join(format!("snowid-cluster-{name}-{port}"));
         let mut cluster = Cluster::unstarted(dir, port, bindir);
         cluster.as_postgres(
@@ -786,9 +811,12 @@ fn directory_for(name: &str, port: u16) -> PathBuf {
 }
 
 /// What the `pg_config` of the PostgreSQL under test says for `flag` (`--bindir`, say).
+/// Where Debian's PostgreSQL 15, the one Debian 12 ships, keeps its programs.
+const DEBIAN_BINDIR: &str = "/usr/lib/postgresql/15/bin";
+
 pub fn pg_config(flag: &str) -> String {
-    let pg_config = std::env::var("PG_CONFIG")
-        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+    let pg_config =
+        std::env::var("PG_CONFIG").unwrap_or_else(|_| format!("{DEBIAN_BINDIR}/pg_config"));
     let output = Command::new(&pg_config)
         .arg(flag)
         .output()

@@ -47,7 +47,13 @@ const HELD_BY_OTHER: &str = "held by another server";
 /// A registry: snowid created in its database `postgres`, and `roles`, ordinary LOGIN roles with
 /// the password [`PASSWORD`] granted exactly what a node's registry role needs.
 fn registry(name: &str, roles: &[&str]) -> Cluster {
-    let registry = Cluster::start(name, &["password_encryption = 'scram-sha-256'"]);
+    prepared_registry(Cluster::start(name, &[SCRAM]), roles)
+}
+
+const SCRAM: &str = "password_encryption = 'scram-sha-256'";
+
+/// `registry` made a registry as [`registry`] makes one.
+fn prepared_registry(registry: Cluster, roles: &[&str]) -> Cluster {
     let mut client = registry.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
     for role in roles {
@@ -150,7 +156,10 @@ fn lease_row(registry: &mut Client, worker_id: i32) -> LeaseRow {
 
 #[test]
 fn a_node_holds_its_lease_over_verified_tls_and_nodes_failing_verification_say_why() {
-    let registry = registry("tls-registry", &["node1"]);
+    let registry = prepared_registry(
+        Cluster::start_speaking_tls("tls-registry", &[SCRAM]),
+        &["node1"],
+    );
     let dir = registry.dir().to_path_buf();
     let ca = certificate_authority(&dir, "ca");
     let other_ca = certificate_authority(&dir, "other-ca");

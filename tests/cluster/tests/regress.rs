@@ -1,5 +1,7 @@
 //! SQL regression files: each `tests/regress/sql/NAME.sql` runs through psql in a database of its
-//! own and must print exactly `tests/regress/expected/NAME.out`. The README's examples are checked
+//! own and must print exactly `tests/regress/expected/NAME.out`, or an alternative `NAME_1.out`
+//! (pg_regress's convention) for a build that lacks a feature (PostgreSQL 16 from the pgserver
+//! wheel has no ICU). The README's examples are checked
 //! against these outputs, and its benchmark figures against the committed results, so that the
 //! README cannot drift from the code.
 
@@ -50,14 +52,20 @@ fn sql_files_print_their_expected_output() {
         let actual = results.join(format!("{name}.out"));
         fs::write(&actual, without_locations(&cluster.psql_file(name, file))).unwrap();
         let expected = regress_dir().join("expected").join(format!("{name}.out"));
-        let diff = Command::new("diff")
-            .arg("-u")
-            .arg(&expected)
-            .arg(&actual)
-            .output()
-            .unwrap();
-        if !diff.status.success() {
-            failures.push(String::from_utf8_lossy(&diff.stdout).into_owned());
+        let alternative = regress_dir().join("expected").join(format!("{name}_1.out"));
+        let diff = |expected: &Path| {
+            Command::new("diff")
+                .arg("-u")
+                .arg(expected)
+                .arg(&actual)
+                .output()
+                .unwrap()
+        };
+        let differences = diff(&expected);
+        if !differences.status.success()
+            && !(alternative.is_file() && diff(&alternative).status.success())
+        {
+            failures.push(String::from_utf8_lossy(&differences.stdout).into_owned());
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -102,6 +110,7 @@ fn the_readme_shows_the_committed_benchmark_results_of_every_major() {
     // Each benchmark's results file and its chart, by major.
     let benchmarks = [
         ("pg15", "results", "chart"),
+        ("pg16", "results", "chart"),
         ("pg17", "results", "chart"),
         ("pg18", "results", "chart"),
         ("pg15", "growth", "growth"),
