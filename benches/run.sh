@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # snowid beside PostgreSQL's alternatives, on three throwaway servers (worker ids 17, 18 and 19),
 # release build. Writes benches/results/pgMAJOR/results.md and chart.png and prints the
-# table. Arguments go to bench.py: --rows N (default 5,000,000), --runs N (default 3). PG_MAJOR=17
-# measures PostgreSQL 17; PG_MAJOR=18 measures 18, with its native uuidv7() beside the others.
+# table. Arguments go to bench.py: --rows N (default 5,000,000), --runs N (default 3). PG_MAJOR=16
+# or PG_MAJOR=17 measures PostgreSQL 16 or 17; PG_MAJOR=18 measures 18, with its native uuidv7()
+# beside the others.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
 install_matplotlib
 install_snowid >&2

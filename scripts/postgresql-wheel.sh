@@ -20,34 +20,51 @@ wheel_of() {
 }
 
 wheel_prefix_of() { echo "/opt/postgresql-$1"; }
-# The major whose libpq the wheel of MAJOR gets (see above).
-libpq_major_of() { echo 17; }
 wheel_marker() { echo "$(wheel_prefix_of "$1")/.unpacked-by-snowid"; }
 wheel_pg_config() { echo "$(wheel_prefix_of "$1")/pgserver/pginstall/bin/pg_config"; }
+# The major whose libpq the wheel of MAJOR gets (see above), and that libpq.
+libpq_major_of() { echo 17; }
+wheel_libpq() { echo "$(source_prefix_of "$(libpq_major_of "$1")")/lib/libpq.so.5"; }
+# What the marker of an unpacked wheel of MAJOR holds: the wheel pinned, and the libpq it was given.
+wheel_pin() { echo "$(wheel_of "$1") $(wheel_libpq "$1")"; }
 
-# install_wheel_postgresql MAJOR: the pinned wheel unpacked into its prefix, unless it is there.
+# wheel_ready MAJOR: the pinned wheel of MAJOR is unpacked, and the libpq it was given is there.
+wheel_ready() {
+    [ "$(cat "$(wheel_marker "$1")" 2>/dev/null)" = "$(wheel_pin "$1")" ] && [ -e "$(wheel_libpq "$1")" ]
+}
+
+# install_wheel_postgresql MAJOR: the pinned wheel unpacked into its prefix, unless it is there. A
+# prefix that snowid did not unpack is never replaced.
 install_wheel_postgresql() {
-    local major=$1 pinned version file sha256 prefix libpq
+    local major=$1 version file sha256 prefix libpq
     build_postgresql "$(libpq_major_of "$major")"
-    libpq=$(source_prefix_of "$(libpq_major_of "$major")")/lib/libpq.so.5
-    read -r version file sha256 <<<"$(wheel_of "$major")"
-    pinned="$version $file $sha256 $libpq"
+    wheel_ready "$major" && return 0
+    libpq=$(wheel_libpq "$major")
+    [ -e "$libpq" ] || {
+        echo "$libpq is missing: remove $(source_prefix_of "$(libpq_major_of "$major")") for set-up to build it again" >&2
+        return 1
+    }
     prefix=$(wheel_prefix_of "$major")
-    [ "$(cat "$(wheel_marker "$major")" 2>/dev/null)" = "$pinned" ] && return 0
+    if [ -e "$prefix" ] && [ ! -e "$(wheel_marker "$major")" ]; then
+        echo "$prefix exists and was not unpacked by snowid's set-up: move it away for PostgreSQL $major to be unpacked there" >&2
+        return 1
+    fi
+    read -r version file sha256 <<<"$(wheel_of "$major")"
     echo "==> unpacking PostgreSQL $major from PyPI's pgserver $version wheel into $prefix (once)"
     (
         work=$(mktemp -d)
-        trap 'rm -rf "$work"' EXIT
+        unpacking="$prefix.unpacking"
+        trap 'rm -rf "$work"; as_root rm -rf "$unpacking"' EXIT
         python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
             --platform manylinux2014_x86_64 --dest "$work" "pgserver==$version"
         echo "$sha256  $work/$file" | sha256sum --check --quiet || {
             echo "pgserver $version's wheel does not have the SHA-256 pinned in scripts/postgresql-wheel.sh" >&2
             exit 1
         }
-        as_root rm -rf "$prefix"
+        as_root rm -rf "$unpacking"
         # A wheel is a zip archive that records each file's mode, which Python's zipfile module
         # reads but does not apply.
-        as_root python3 - "$work/$file" "$prefix" <<'PYTHON'
+        as_root python3 - "$work/$file" "$unpacking" <<'PYTHON'
 import os, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel:
     for member in wheel.infolist():
@@ -56,11 +73,14 @@ with zipfile.ZipFile(sys.argv[1]) as wheel:
         if mode and not member.is_dir():
             os.chmod(path, mode & 0o777)
 PYTHON
-        local lib="$prefix/pgserver/pginstall/lib"
+        local lib="$unpacking/pgserver/pginstall/lib"
         as_root rm -f "$lib"/libpq.so* "$lib/libpq.a"
         as_root ln -s "$libpq" "$lib/libpq.so.5"
         as_root ln -s libpq.so.5 "$lib/libpq.so"
-        as_root chmod -R a+rX "$prefix"
-        echo "$pinned" | as_root tee "$(wheel_marker "$major")" >/dev/null
+        as_root chmod -R a+rX "$unpacking"
+        wheel_pin "$major" | as_root tee "$unpacking/$(basename "$(wheel_marker "$major")")" >/dev/null
+        # Replaced whole, so that an interrupted run leaves the last unpacked wheel, or none.
+        as_root rm -rf "$prefix"
+        as_root mv "$unpacking" "$prefix"
     )
 }

@@ -43,6 +43,8 @@ packages=(postgresql-15 postgresql-server-dev-15 libpq-dev libcurl4-openssl-dev 
 # where the machine has neither.
 command -v npm >/dev/null || packages+=(nodejs npm)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
+# pip fetches PostgreSQL 16 (postgresql-wheel.sh).
+python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
@@ -78,7 +80,7 @@ export PGRX_HOME=${SNOWID_PGRX_HOME:-$REPO/target/pgrx}
 major_ready() {
     case $1 in
     15) [ -x "$(pg_config_of 15)" ] ;;
-    16) [ "$(cat "$(wheel_marker "$1")" 2>/dev/null)" = "$(wheel_of "$1") $(source_prefix_of "$(libpq_major_of "$1")")/lib/libpq.so.5" ] ;;
+    16) wheel_ready "$1" ;;
     *) [ "$(cat "$(source_marker "$1")" 2>/dev/null)" = "$(source_of "$1")" ] ;;
     esac
 }
@@ -118,6 +120,11 @@ install_matplotlib() {
     python3 -c 'import matplotlib' 2>/dev/null && return 0
     echo "==> installing matplotlib for the chart" >&2
     python3 -m pip install --quiet matplotlib 2>/dev/null || as_root apt-get install -y -qq python3-matplotlib >&2
+}
+
+# install_snowid_into MAJOR: install_snowid into PostgreSQL MAJOR, which must be ready.
+install_snowid_into() {
+    (PG_CONFIG=$(pg_config_of "$1") && install_snowid)
 }
 
 # Builds snowid in release mode and installs it into the PostgreSQL that PG_CONFIG names.

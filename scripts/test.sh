@@ -128,8 +128,7 @@ test_major() {
     if ! speaks_tls "$major" && [ "$PG_MAJOR" != 15 ]; then
         # The test of a registry reached over TLS runs that registry on Debian's 15, where a run
         # that began with 15 has installed snowid already.
-        timed "$major" "install into 15 (TLS registry)" \
-            env PG_MAJOR=15 bash -c 'source scripts/setup.sh && install_snowid'
+        timed "$major" "install into 15 (TLS registry)" install_snowid_into 15
     fi
     timed "$major" "build and install (release)" install_snowid
     timed "$major" "cluster tests" cluster_tests "$major" "$profile"

@@ -810,10 +810,10 @@ fn directory_for(name: &str, port: u16) -> PathBuf {
     std::env::temp_dir().join(format!("snowid-cluster-{name}-{port}"))
 }
 
-/// What the `pg_config` of the PostgreSQL under test says for `flag` (`--bindir`, say).
 /// Where Debian's PostgreSQL 15, the one Debian 12 ships, keeps its programs.
 const DEBIAN_BINDIR: &str = "/usr/lib/postgresql/15/bin";
 
+/// What the `pg_config` of the PostgreSQL under test says for `flag` (`--bindir`, say).
 pub fn pg_config(flag: &str) -> String {
     let pg_config =
         std::env::var("PG_CONFIG").unwrap_or_else(|_| format!("{DEBIAN_BINDIR}/pg_config"));
