@@ -135,6 +135,7 @@ fn a_registry_recovered_to_a_point_in_time_under_a_running_fleet_grants_no_worke
     );
     run.assert_unique_and_issuing_again(ttl_and_a_renewal());
     assert_newcomer_waited_and_every_lease_is_back(&run, &mut recovered.connect());
+    std::fs::remove_dir_all(&archive).unwrap();
 }
 
 /// Stops `primary` as a crash would once its WAL is archived, and starts `recovered`, its base
