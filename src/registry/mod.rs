@@ -37,9 +37,9 @@ impl Registry {
         matches!(self, Registry::Local(_))
     }
 
-    /// Claims `worker_id`'s lease, or any free worker id's, for a server that issues under `held`
-    /// (etcd, which can tell that lease from another's when its keys are gone, asks). Returns the
-    /// worker id claimed (none when every one is leased) and the registry's answer.
+    /// Claims `worker_id`'s lease, or any free worker id's, for a server that issues under `held`,
+    /// which a shared registry or etcd that may have lost its record of that lease takes its word
+    /// for. Returns the worker id claimed (none when every one is leased) and the registry's answer.
     pub fn claim(
         &mut self,
         me: &Claimant,
