@@ -62,9 +62,9 @@ fn sql_files_print_their_expected_output() {
                 .unwrap()
         };
         let differences = diff(&expected);
-        if !differences.status.success()
-            && !(without_icu && alternative.is_file() && diff(&alternative).status.success())
-        {
+        let as_expected = differences.status.success()
+            || (without_icu && alternative.is_file() && diff(&alternative).status.success());
+        if !as_expected {
             failures.push(String::from_utf8_lossy(&differences.stdout).into_owned());
         }
     }
