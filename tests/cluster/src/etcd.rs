@@ -2,6 +2,7 @@
 //! `etcd-client`) to read them. Every member is a process of the test, SIGKILLed when dropped.
 
 use crate::free_port;
+use crate::nemesis::network::Host;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -54,9 +55,17 @@ pub struct EtcdTls {
 
 pub struct Member {
     pub name: String,
+    /// The test host the member runs on; `None`: this machine, on loopback.
+    pub host: Option<Host>,
     pub client_port: u16,
     peer_port: u16,
     pub process: Option<Process>,
+}
+
+impl Member {
+    fn address(&self) -> &str {
+        self.host.as_ref().map_or("127.0.0.1", |host| &host.address)
+    }
 }
 
 pub struct EtcdCluster {
@@ -65,15 +74,37 @@ pub struct EtcdCluster {
     tls: Option<EtcdTls>,
     /// `user:password` for etcdctl, once authentication is on.
     pub etcdctl_user: Option<String>,
+    /// Where etcdctl runs when the members run on test hosts.
+    control: Option<Host>,
 }
 
 impl EtcdCluster {
     /// `count` members with their data under `dir`, started and answering.
     pub fn start(dir: &Path, count: usize, tls: Option<EtcdTls>) -> EtcdCluster {
+        EtcdCluster::start_members(dir, vec![None; count], tls, None)
+    }
+
+    /// A member on each of `hosts`, with their data under `dir`, started and answering; etcdctl
+    /// runs on `control`, a test host that reaches them all.
+    pub fn start_on_hosts(dir: &Path, hosts: &[Host], control: Host) -> EtcdCluster {
+        let hosts = hosts.iter().cloned().map(Some).collect();
+        EtcdCluster::start_members(dir, hosts, None, Some(control))
+    }
+
+    fn start_members(
+        dir: &Path,
+        hosts: Vec<Option<Host>>,
+        tls: Option<EtcdTls>,
+        control: Option<Host>,
+    ) -> EtcdCluster {
         fs::create_dir_all(dir).unwrap();
-        let members: Vec<Member> = (1..=count)
-            .map(|number| Member {
-                name: format!("e{number}"),
+        let count = hosts.len();
+        let members: Vec<Member> = hosts
+            .into_iter()
+            .enumerate()
+            .map(|(index, host)| Member {
+                name: format!("e{}", index + 1),
+                host,
                 client_port: free_port(),
                 peer_port: free_port(),
                 process: None,
@@ -84,6 +115,7 @@ impl EtcdCluster {
             members,
             tls,
             etcdctl_user: None,
+            control,
         };
         for index in 0..count {
             cluster.start_member(index);
@@ -100,11 +132,19 @@ impl EtcdCluster {
         }
     }
 
-    fn start_member(&mut self, index: usize) {
+    /// Starts member `index` again, or for the first time.
+    pub fn start_member(&mut self, index: usize) {
         let initial_cluster = self
             .members
             .iter()
-            .map(|member| format!("{}=http://127.0.0.1:{}", member.name, member.peer_port))
+            .map(|member| {
+                format!(
+                    "{}=http://{}:{}",
+                    member.name,
+                    member.address(),
+                    member.peer_port
+                )
+            })
             .collect::<Vec<_>>()
             .join(",");
         let member = &self.members[index];
@@ -113,9 +153,13 @@ impl EtcdCluster {
             .append(true)
             .open(self.dir.join(format!("{}.log", member.name)))
             .unwrap();
-        let client_url = format!("{}://127.0.0.1:{}", self.scheme(), member.client_port);
-        let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
-        let mut command = Command::new("etcd");
+        let address = member.address();
+        let client_url = format!("{}://{address}:{}", self.scheme(), member.client_port);
+        let peer_url = format!("http://{address}:{}", member.peer_port);
+        let mut command = match &member.host {
+            Some(host) => host.command("etcd"),
+            None => Command::new("etcd"),
+        };
         command
             .args(["--name", &member.name, "--data-dir"])
             .arg(self.dir.join(&member.name))
@@ -147,14 +191,17 @@ impl EtcdCluster {
     pub fn endpoints(&self) -> String {
         self.members
             .iter()
-            .map(|member| format!("127.0.0.1:{}", member.client_port))
+            .map(|member| format!("{}:{}", member.address(), member.client_port))
             .collect::<Vec<_>>()
             .join(",")
     }
 
     /// Runs etcdctl against every member; its output, or the error.
     pub fn try_etcdctl(&self, args: &[&str]) -> Result<String, String> {
-        let mut command = Command::new("etcdctl");
+        let mut command = match &self.control {
+            Some(host) => host.command("etcdctl"),
+            None => Command::new("etcdctl"),
+        };
         command
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", self.endpoints()))
@@ -225,18 +272,27 @@ impl EtcdCluster {
     /// The index of the member that leads now.
     pub fn leader(&self) -> usize {
         let output = self.etcdctl(&["endpoint", "status", "-w", "fields"]);
-        let block = output
-            .split("\n\n")
-            .find(|block| {
-                field(block, "MemberID").is_some()
-                    && field(block, "MemberID") == field(block, "Leader")
-            })
-            .unwrap_or_else(|| panic!("no member leads: {output}"));
-        let endpoint = field(block, "Endpoint").unwrap();
+        self.leader_in(&output)
+            .unwrap_or_else(|| panic!("no member leads: {output}"))
+    }
+
+    /// The index of the member that leads now, if every member answers and one leads.
+    pub fn try_leader(&self) -> Option<usize> {
+        let output = self
+            .try_etcdctl(&["endpoint", "status", "-w", "fields"])
+            .ok()?;
+        self.leader_in(&output)
+    }
+
+    /// The leader that `etcdctl endpoint status -w fields` names in `output`.
+    fn leader_in(&self, output: &str) -> Option<usize> {
+        let block = output.split("\n\n").find(|block| {
+            field(block, "MemberID").is_some() && field(block, "MemberID") == field(block, "Leader")
+        })?;
+        let endpoint = field(block, "Endpoint")?;
         self.members
             .iter()
             .position(|member| endpoint.ends_with(&format!(":{}", member.client_port)))
-            .unwrap()
     }
 
     pub fn pid(&self, index: usize) -> u32 {

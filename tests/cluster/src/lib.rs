@@ -9,8 +9,10 @@
 
 pub mod etcd;
 pub mod loss;
+pub mod nemesis;
 pub mod tls;
 
+use nemesis::network::{self, Host};
 use postgres::{Client, NoTls};
 use std::collections::HashSet;
 use std::fs;
@@ -32,6 +34,8 @@ pub struct Cluster {
     /// Variables (NAME=value) in the server's environment, set by
     /// [`Cluster::restart_with_environment`].
     environment: Vec<String>,
+    /// The test host the server runs on, in a network namespace of its own; `None`: this machine.
+    on_host: Option<Host>,
 }
 
 impl Cluster {
@@ -51,7 +55,7 @@ impl Cluster {
             } else {
                 PathBuf::from(DEBIAN_BINDIR)
             };
-        Cluster::create_in(bindir, &std::env::temp_dir(), name, settings, false)
+        Cluster::create_in(bindir, &std::env::temp_dir(), name, settings, false, None)
     }
 
     /// A running cluster that preloads snowid, named `name` (its `cluster_name`), with the snowid
@@ -106,7 +110,63 @@ impl Cluster {
 
     fn create(parent: &Path, name: &str, settings: &[&str], fake_clock: bool) -> Cluster {
         let bindir = PathBuf::from(pg_config("--bindir"));
-        Cluster::create_in(bindir, parent, name, settings, fake_clock)
+        Cluster::create_in(bindir, parent, name, settings, fake_clock, None)
+    }
+
+    /// Like [`Cluster::start`] (with `fake_clock`, like [`Cluster::start_with_fake_clock`]), on the
+    /// test host `host`: the server listens on the host's addresses and lets every test host
+    /// connect and replicate; the harness reaches it through its unix socket.
+    pub fn start_on_host(host: &Host, name: &str, settings: &[&str], fake_clock: bool) -> Cluster {
+        let bindir = PathBuf::from(pg_config("--bindir"));
+        let parent = std::env::temp_dir();
+        Cluster::create_in(bindir, &parent, name, settings, fake_clock, Some(host))
+    }
+
+    /// A hot standby of this cluster, which runs on a test host, on the test host `host`, streaming
+    /// this cluster's WAL.
+    pub fn standby_on_host(&self, host: &Host, name: &str) -> Cluster {
+        let port = free_port();
+        let mut standby = Cluster::unstarted(directory_for(name, port), port, self.bindir.clone());
+        standby.host = standby.dir.display().to_string();
+        standby.on_host = Some(host.clone());
+        standby.become_standby_of(self);
+        standby
+    }
+
+    /// Replaces this cluster's data, on a test host, by a base backup of `primary` (another test
+    /// host's), and starts it as `primary`'s hot standby: a former primary rejoining after a
+    /// failover. Whatever runs of this cluster is stopped first.
+    pub fn become_standby_of(&self, primary: &Cluster) {
+        let data = self.data();
+        let _ = self.try_as_postgres(&["pg_ctl", "-w", "-D", &data, "-m", "immediate", "stop"]);
+        let _ = fs::remove_dir_all(&data);
+        let source = &primary
+            .on_host
+            .as_ref()
+            .expect("a primary on a test host")
+            .address;
+        let port = primary.port.to_string();
+        self.as_postgres(
+            &[
+                "pg_basebackup",
+                "-h",
+                source,
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                &data,
+                "-X",
+                "stream",
+                "-R",
+                "-c",
+                "fast",
+            ],
+            &[],
+        );
+        self.move_to_own_port();
+        self.pg_ctl("start");
     }
 
     /// A running cluster of the server in `bindir`.
@@ -116,10 +176,15 @@ impl Cluster {
         name: &str,
         settings: &[&str],
         fake_clock: bool,
+        on_host: Option<&Host>,
     ) -> Cluster {
         let port = free_port();
         let dir = parent.join(format!("snowid-cluster-{name}-{port}"));
         let mut cluster = Cluster::unstarted(dir, port, bindir);
+        if let Some(host) = on_host {
+            cluster.host = cluster.dir.display().to_string();
+            cluster.on_host = Some(host.clone());
+        }
         cluster.as_postgres(
             &[
                 "initdb",
@@ -132,11 +197,23 @@ impl Cluster {
             ],
             &[],
         );
+        // A test host's only interfaces are its own: every address is its address, and a copy of
+        // the settings serves on another host as well.
+        let listen = on_host.map_or("127.0.0.1", |_| "*");
         let mut conf = format!(
-            "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+            "port = {port}\nlisten_addresses = '{listen}'\nunix_socket_directories = '{}'\n\
              fsync = off\nlogging_collector = off\n",
             cluster.dir.display()
         );
+        if on_host.is_some() {
+            let hba = Path::new(&cluster.data()).join("pg_hba.conf");
+            let mut rules = fs::read_to_string(&hba).unwrap();
+            let subnet = network::SUBNET;
+            rules.push_str(&format!(
+                "host all all {subnet} trust\nhost replication all {subnet} trust\n"
+            ));
+            fs::write(&hba, rules).unwrap();
+        }
         for setting in settings {
             conf.push_str(setting);
             conf.push('\n');
@@ -220,6 +297,7 @@ impl Cluster {
             bindir: self.bindir.clone(),
             clock_offset_file: None,
             environment: vec![],
+            on_host: None,
         };
         fs::remove_file(Path::new(&copy.data()).join("postmaster.pid")).unwrap();
         copy.move_to_own_port();
@@ -467,6 +545,7 @@ impl Cluster {
             bindir,
             clock_offset_file: None,
             environment: vec![],
+            on_host: None,
         }
     }
 
@@ -523,11 +602,21 @@ impl Cluster {
     }
 
     fn connect_with(&self, options: &str) -> Client {
+        self.try_connect_with(options).unwrap_or_else(|error| {
+            panic!("connecting with {options} on port {}: {error}", self.port)
+        })
+    }
+
+    /// A session to the database `postgres`, or why there is none.
+    pub fn try_connect(&self) -> Result<Client, postgres::Error> {
+        self.try_connect_with("user=postgres dbname=postgres")
+    }
+
+    fn try_connect_with(&self, options: &str) -> Result<Client, postgres::Error> {
         Client::connect(
             &format!("host={} port={} {options}", self.host, self.port),
             NoTls,
         )
-        .unwrap_or_else(|error| panic!("connecting with {options} on port {}: {error}", self.port))
     }
 
     /// Moves the server's wall clock: `offset` is libfaketime's, in seconds, such as "-10" or "-0.002".
@@ -536,7 +625,11 @@ impl Cluster {
             .clock_offset_file
             .as_ref()
             .expect("a cluster started with a fake clock");
-        fs::write(file, format!("{offset}\n")).unwrap();
+        // libfaketime reads the file at every clock reading: a new file is moved into place, so
+        // that no reading finds it half written.
+        let new = file.with_extension("new");
+        fs::write(&new, format!("{offset}\n")).unwrap();
+        fs::rename(&new, file).unwrap();
     }
 
     pub fn clock_offset_file(&self) -> String {
@@ -635,6 +728,13 @@ impl Cluster {
         // Orphaned backends notice the postmaster's death and exit on their own; the next start
         // waits for them through the shared memory check.
         std::thread::sleep(std::time::Duration::from_millis(500));
+        // The next start takes a postmaster that is not yet reaped (a zombie, which the machine's
+        // init may reap only a second or more later) for a live one.
+        wait_for(
+            "the killed postmaster to be reaped",
+            Duration::from_secs(30),
+            || !Path::new(&format!("/proc/{pid}")).exists(),
+        );
     }
 
     /// Waits up to 15 s for the lease worker to hold the lease, then returns `snowid_status()`'s
@@ -643,7 +743,18 @@ impl Cluster {
         wait_for_lease_state(client, "held", std::time::Duration::from_secs(15))
     }
 
+    /// Restarts the server after a shutdown in `mode`: `fast` (clean) or `immediate` (as abrupt as a
+    /// crash).
+    pub fn restart_in_mode(&self, mode: &str) {
+        self.pg_ctl_with(&["-m", mode, "restart"]);
+    }
+
     fn pg_ctl(&self, action: &str) {
+        self.pg_ctl_with(&[action]);
+    }
+
+    /// Runs pg_ctl with `args` after the data directory and log file, in the server's environment.
+    fn pg_ctl_with(&self, args: &[&str]) {
         let log = self.dir.join("server.log").display().to_string();
         let mut env = vec![];
         if let Some(file) = &self.clock_offset_file {
@@ -656,28 +767,19 @@ impl Cluster {
         }
         env.extend(self.environment.iter().cloned());
         let env: Vec<&str> = env.iter().map(String::as_str).collect();
-        self.as_postgres(
-            &["pg_ctl", "-w", "-D", &self.data(), "-l", &log, action],
-            &env,
-        );
+        let data = self.data();
+        let mut program_and_args = vec!["pg_ctl", "-w", "-D", &data, "-l", &log];
+        program_and_args.extend_from_slice(args);
+        self.as_postgres(&program_and_args, &env);
     }
 
-    /// Runs one of the server's programs as the `postgres` user, with extra environment variables.
+    /// Runs one of the server's programs as the `postgres` user, with extra environment variables,
+    /// on the server's test host if it has one.
     fn as_postgres(&self, program_and_args: &[&str], env: &[&str]) -> Output {
-        let program = self.bindir.join(program_and_args[0]).display().to_string();
-        let mut command = if is_root() {
-            let mut command = server_command("runuser");
-            command
-                .args(["-u", "postgres", "--", "env"])
-                .args(env)
-                .arg(&program);
-            command
-        } else {
-            let mut command = server_command("env");
-            command.args(env).arg(&program);
-            command
-        };
-        let output = command.args(&program_and_args[1..]).output().unwrap();
+        let output = self
+            .postgres_command(program_and_args, env)
+            .output()
+            .unwrap();
         assert!(
             output.status.success(),
             "{program_and_args:?} failed: {}{}\n{}",
@@ -686,6 +788,38 @@ impl Cluster {
             self.log()
         );
         output
+    }
+
+    /// Like [`Cluster::as_postgres`], its output when the program succeeds.
+    fn try_as_postgres(&self, program_and_args: &[&str]) -> Result<Output, Output> {
+        let output = self
+            .postgres_command(program_and_args, &[])
+            .output()
+            .unwrap();
+        if output.status.success() {
+            Ok(output)
+        } else {
+            Err(output)
+        }
+    }
+
+    fn postgres_command(&self, program_and_args: &[&str], env: &[&str]) -> Command {
+        let program = self.bindir.join(program_and_args[0]).display().to_string();
+        let mut command = match &self.on_host {
+            Some(host) => {
+                let mut command = host.command("runuser");
+                command
+                    .env_remove("RUST_BACKTRACE")
+                    .env_remove("RUST_LIB_BACKTRACE");
+                command
+            }
+            None => server_command(if is_root() { "runuser" } else { "env" }),
+        };
+        if is_root() || self.on_host.is_some() {
+            command.args(["-u", "postgres", "--", "env"]);
+        }
+        command.args(env).arg(&program).args(&program_and_args[1..]);
+        command
     }
 }
 

@@ -1,0 +1,202 @@
+//! Test hosts on one machine: a network namespace each, joined by veth pairs to a bridge in a
+//! namespace of its own, on private addresses that no other network sees. A partition is a set of
+//! nftables rules inside a host's namespace that drop its traffic to and from other hosts, so that
+//! connections hang as they do when packets are lost, rather than fail at once.
+
+use std::process::Command;
+
+/// The hosts' network: 10.213.0.0/24, the same in every run, since each run's namespaces are its
+/// own.
+pub const SUBNET: &str = "10.213.0.0/24";
+/// The control host's address: the bridge's own, where the harness runs etcdctl; never partitioned.
+const CONTROL_ADDRESS: &str = "10.213.0.254";
+
+/// One test host: a network namespace with one interface, `eth0`, at `address`.
+#[derive(Clone, Debug)]
+pub struct Host {
+    pub netns: String,
+    pub address: String,
+}
+
+impl Host {
+    /// `command` to run in this host's namespace: `ip netns exec NETNS ...`.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.netns, program]);
+        command
+    }
+}
+
+/// The namespaces of one run, deleted when dropped, with whatever rules they hold.
+pub struct Network {
+    prefix: String,
+    switch: String,
+    hosts: Vec<String>,
+}
+
+impl Network {
+    /// An empty network: the switch's namespace with its bridge, named after this process.
+    /// Namespaces left by runs whose process is gone are deleted first.
+    pub fn create() -> Network {
+        remove_leftovers();
+        let prefix = format!("{NAMESPACE_PREFIX}{}-", std::process::id());
+        let switch = format!("{prefix}switch");
+        ip(&["netns", "add", &switch]);
+        let network = Network {
+            prefix,
+            switch: switch.clone(),
+            hosts: vec![],
+        };
+        ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"]);
+        ip(&[
+            "-n",
+            &switch,
+            "addr",
+            "add",
+            &format!("{CONTROL_ADDRESS}/24"),
+            "dev",
+            "br0",
+        ]);
+        ip(&["-n", &switch, "link", "set", "br0", "up"]);
+        ip(&["-n", &switch, "link", "set", "lo", "up"]);
+        network
+    }
+
+    /// A new host named `name` at 10.213.0.`number`, reachable from every other host.
+    pub fn add_host(&mut self, name: &str, number: u8) -> Host {
+        let netns = format!("{}{name}", self.prefix);
+        ip(&["netns", "add", &netns]);
+        self.hosts.push(netns.clone());
+        // Interface names are at most 15 bytes: the pair is named by this process and the host's
+        // number while it lies in the machine's own namespace, and its inner end renamed after.
+        let pair = format!("nm{}-{number}", std::process::id() % 100_000);
+        let (inner, outer) = (format!("{pair}i"), format!("{pair}o"));
+        ip(&[
+            "link", "add", &inner, "type", "veth", "peer", "name", &outer,
+        ]);
+        ip(&["link", "set", &inner, "netns", &netns]);
+        ip(&["link", "set", &outer, "netns", &self.switch]);
+        ip(&["-n", &netns, "link", "set", &inner, "name", "eth0"]);
+        let address = format!("10.213.0.{number}");
+        ip(&[
+            "-n",
+            &netns,
+            "addr",
+            "add",
+            &format!("{address}/24"),
+            "dev",
+            "eth0",
+        ]);
+        ip(&["-n", &netns, "link", "set", "eth0", "up"]);
+        ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        ip(&["-n", &self.switch, "link", "set", &outer, "master", "br0"]);
+        ip(&["-n", &self.switch, "link", "set", &outer, "up"]);
+        Host { netns, address }
+    }
+
+    /// The control host, which reaches every host and is never partitioned: the switch's namespace
+    /// at the bridge's own address.
+    pub fn control_host(&self) -> Host {
+        Host {
+            netns: self.switch.clone(),
+            address: CONTROL_ADDRESS.to_string(),
+        }
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for netns in self.hosts.iter().chain([&self.switch]) {
+            let _ = Command::new("ip").args(["netns", "delete", netns]).output();
+        }
+    }
+}
+
+/// Cuts `host` off from `others`, both ways, until [`heal`]; replaces a cut already in force.
+pub fn partition(host: &Host, others: &[&Host]) {
+    let addresses = others
+        .iter()
+        .map(|other| other.address.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    heal(host);
+    let rules = format!(
+        "table inet {TABLE} {{
+           chain output {{ type filter hook output priority 0; ip daddr {{ {addresses} }} drop; }}
+           chain input {{ type filter hook input priority 0; ip saddr {{ {addresses} }} drop; }}
+         }}"
+    );
+    let output = with_input(host.command("nft").args(["-f", "-"]), &rules);
+    assert!(
+        output.status.success(),
+        "nft: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Removes the cut [`partition`] made on `host`, if any.
+pub fn heal(host: &Host) {
+    let _ = host
+        .command("nft")
+        .args(["delete", "table", "inet", TABLE])
+        .output();
+}
+
+/// The nftables table that holds a host's partition.
+const TABLE: &str = "snowid_nemesis";
+
+const NAMESPACE_PREFIX: &str = "snowid-nemesis-";
+
+fn ip(args: &[&str]) {
+    let output = Command::new("ip").args(args).output().expect("ip runs");
+    assert!(
+        output.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Deletes the namespaces of earlier runs whose process no longer exists (a run killed outright),
+/// and ends what still runs in them.
+fn remove_leftovers() {
+    let output = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix(NAMESPACE_PREFIX) else {
+            continue;
+        };
+        let pid = rest.split('-').next().unwrap_or_default();
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            // Its servers first: a namespace lives on, nameless, while a process runs in it.
+            let pids = Command::new("ip")
+                .args(["netns", "pids", name])
+                .output()
+                .unwrap();
+            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-KILL", pid]).output();
+            }
+            let _ = Command::new("ip").args(["netns", "delete", name]).output();
+        }
+    }
+}
+
+/// Runs `command` with `text` on its standard input.
+fn with_input(command: &mut Command, text: &str) -> std::process::Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}

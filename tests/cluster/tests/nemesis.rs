@@ -1,0 +1,183 @@
+//! The fault schedule's own parts, without a fleet: a seed replays its schedule, and the checker
+//! finds each violation it looks for in a history made to hold it, and nothing in one without.
+//! The schedule itself runs from scripts/nemesis.sh (scripts/test.sh runs it twice).
+
+use snowid_cluster_tests::nemesis::checker::{check, documented_refusal, ClockChange};
+use snowid_cluster_tests::nemesis::clients::{Call, Outcome};
+use snowid_cluster_tests::nemesis::schedule::{plan, Channel, Fault, Registry};
+use std::time::Duration;
+
+const THREE_MINUTES: Duration = Duration::from_secs(180);
+
+#[test]
+fn a_seed_replays_its_schedule_and_another_seed_draws_another() {
+    let first = plan(2026, THREE_MINUTES, Registry::Postgres);
+    assert_eq!(first, plan(2026, THREE_MINUTES, Registry::Postgres));
+    assert_ne!(first, plan(2027, THREE_MINUTES, Registry::Postgres));
+    // Every channel has faults, all undone before the schedule ends, one at a time.
+    for channel in [
+        Channel::NodeProcesses(0),
+        Channel::NodeClock(1),
+        Channel::NodeNetwork(2),
+        Channel::Registry,
+    ] {
+        let faults: Vec<_> = first.iter().filter(|f| f.channel == channel).collect();
+        assert!(faults.len() >= 3, "{channel:?}: {faults:?}");
+        for pair in faults.windows(2) {
+            assert!(pair[0].at + pair[0].lasts < pair[1].at, "{pair:?}");
+        }
+        assert!(faults.iter().all(|f| f.at + f.lasts < THREE_MINUTES));
+    }
+    let registry_faults: Vec<Fault> = plan(2027, THREE_MINUTES, Registry::Etcd)
+        .iter()
+        .filter(|f| f.channel == Channel::Registry)
+        .map(|f| f.fault)
+        .collect();
+    assert!(
+        registry_faults.iter().all(|f| f.kind().starts_with("etcd")),
+        "{registry_faults:?}"
+    );
+}
+
+/// A snowid id of `worker_id` at `unix_ms` with `sequence`.
+fn id(unix_ms: i64, worker_id: i64, sequence: i64) -> i64 {
+    ((unix_ms - 1_767_225_600_000) << 22) | (worker_id << 12) | sequence
+}
+
+const NOW_MS: i64 = 1_796_000_000_000;
+
+fn issued(node: usize, sent_ms: i64, answered_ms: i64, ids: &[i64]) -> Call {
+    Call {
+        node,
+        sent_us: sent_ms * 1000,
+        answered_us: answered_ms * 1000,
+        outcome: Outcome::Issued {
+            ids: ids.to_vec(),
+            lease_state: "held".into(),
+        },
+    }
+}
+
+fn refused(node: usize, at_ms: i64, sqlstate: &str, message: &str) -> Call {
+    Call {
+        node,
+        sent_us: at_ms * 1000,
+        answered_us: at_ms * 1000 + 300,
+        outcome: Outcome::Refused {
+            sqlstate: sqlstate.into(),
+            message: message.into(),
+        },
+    }
+}
+
+/// Two nodes, worker ids 1 and 2, issuing well: calls in order, batches, overlapping sessions.
+fn good_history() -> Vec<Call> {
+    vec![
+        issued(0, NOW_MS, NOW_MS + 1, &[id(NOW_MS, 1, 0)]),
+        issued(0, NOW_MS + 2, NOW_MS + 3, &[id(NOW_MS + 2, 1, 0), id(NOW_MS + 2, 1, 1)]),
+        // Overlaps the next call: either order is right.
+        issued(0, NOW_MS + 4, NOW_MS + 9, &[id(NOW_MS + 6, 1, 0)]),
+        issued(0, NOW_MS + 5, NOW_MS + 6, &[id(NOW_MS + 5, 1, 0)]),
+        issued(1, NOW_MS, NOW_MS + 1, &[id(NOW_MS, 2, 0)]),
+        refused(
+            1,
+            NOW_MS + 2,
+            "55000",
+            "snowid refuses to issue ids: the system clock is 40 ms behind the ids already issued for this worker id",
+        ),
+        Call {
+            node: 1,
+            sent_us: (NOW_MS + 3) * 1000,
+            answered_us: (NOW_MS + 4) * 1000,
+            outcome: Outcome::Unavailable {
+                error: "db error: FATAL: the database system is starting up".into(),
+            },
+        },
+    ]
+}
+
+#[test]
+fn a_good_history_passes_and_is_counted() {
+    let verdict = check(&good_history(), &[1, 2], &[]);
+    assert!(verdict.passed(), "{verdict:?}");
+    assert_eq!((verdict.calls, verdict.ids, verdict.unavailable), (7, 6, 1));
+    assert_eq!(
+        verdict.refusals.into_iter().collect::<Vec<_>>(),
+        [("clock behind the ids issued", 1)]
+    );
+}
+
+#[test]
+fn an_id_received_twice_fails_even_on_two_nodes() {
+    let mut calls = good_history();
+    calls.push(issued(1, NOW_MS + 20, NOW_MS + 21, &[id(NOW_MS, 1, 0)]));
+    let verdict = check(&calls, &[1, 2], &[]);
+    assert!(!verdict.passed());
+    assert_eq!(verdict.twice_count, 1);
+    // The id also carries the other node's worker id.
+    assert_eq!(verdict.foreign_worker_id.len(), 1);
+}
+
+#[test]
+fn an_id_below_one_answered_before_fails_and_so_does_a_batch_out_of_order() {
+    let mut calls = good_history();
+    calls.push(issued(0, NOW_MS + 10, NOW_MS + 11, &[id(NOW_MS + 5, 1, 7)]));
+    calls.push(issued(
+        0,
+        NOW_MS + 12,
+        NOW_MS + 13,
+        &[id(NOW_MS + 12, 1, 1), id(NOW_MS + 12, 1, 0)],
+    ));
+    let verdict = check(&calls, &[1, 2], &[]);
+    assert_eq!(verdict.out_of_order_count, 2, "{:?}", verdict.out_of_order);
+    assert!(!verdict.passed());
+}
+
+#[test]
+fn an_id_later_than_its_nodes_clock_fails_unless_the_clock_was_set_ahead() {
+    let ahead = vec![issued(0, NOW_MS, NOW_MS + 1, &[id(NOW_MS + 500, 1, 0)])];
+    let verdict = check(&ahead, &[1], &[]);
+    assert_eq!(verdict.from_the_future_count, 1);
+    // The node's clock was 600 ms ahead while the call ran: the id is in its past.
+    let set_ahead = ClockChange {
+        node: 0,
+        from_us: (NOW_MS - 10) * 1000,
+        until_us: (NOW_MS - 9) * 1000,
+        before_ms: 0,
+        after_ms: 600,
+    };
+    assert!(check(&ahead, &[1], &[set_ahead]).passed());
+    // Set back to 0 before the call: the id is ahead again.
+    let set_back = ClockChange {
+        from_us: (NOW_MS - 5) * 1000,
+        until_us: (NOW_MS - 4) * 1000,
+        before_ms: 600,
+        after_ms: 0,
+        ..set_ahead
+    };
+    assert_eq!(
+        check(&ahead, &[1], &[set_ahead, set_back]).from_the_future_count,
+        1
+    );
+}
+
+#[test]
+fn only_refusals_snowid_documents_pass() {
+    let mut calls = good_history();
+    calls.push(refused(0, NOW_MS + 30, "XX000", "snowid: internal error"));
+    calls.push(refused(
+        0,
+        NOW_MS + 31,
+        "55000",
+        "snowid refuses to issue ids: the lease on worker id 2 is not acquired yet",
+    ));
+    let verdict = check(&calls, &[1, 2], &[]);
+    assert_eq!(verdict.undocumented.len(), 2, "{:?}", verdict.undocumented);
+    let wait = "snowid refuses to issue ids for another 120 ms: this server has just taken the \
+                lease on worker id 7, and ids issued before under it reach 2026-12-02 08:00:00.120 UTC";
+    assert_eq!(
+        documented_refusal("55000", wait, 7),
+        Some("a new holder waits for earlier ids")
+    );
+    assert_eq!(documented_refusal("55000", wait, 8), None);
+}
