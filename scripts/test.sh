@@ -4,7 +4,8 @@
 # Without an argument: every snowid test on one PostgreSQL major, 15 (the one Debian 12 ships) unless
 # PG_MAJOR names another: the unit and property tests and the #[pg_test]s (cargo pgrx test), the
 # cluster tests (tests/cluster, side by side under cargo-nextest's default profile), and the Debian
-# package (on 15 also installed, tested and removed).
+# package (on 15 also installed, tested and removed), and two runs of the fault schedule
+# (scripts/nemesis.sh), one from a fixed seed and one from a seed drawn at random.
 #
 # --all-majors, as CI runs it: the same on 15, then on every other major the tier that differs by
 # major: every unit test and #[pg_test], the cluster tests of nextest's per-major profile (which
@@ -120,7 +121,20 @@ test_package() {
     install_snowid
 }
 
-# test_major MAJOR PROFILE: every step on MAJOR, with the cluster tests of nextest's PROFILE.
+# The seed of the fault schedule that every run replays; a second schedule draws its seed afresh.
+FAULT_SCHEDULE_SEED=2026
+
+# fault_schedules: three minutes of the fault schedule from FAULT_SCHEDULE_SEED, then three from a
+# seed drawn at random; each prints its seed, which replays it (scripts/nemesis.sh --seed N).
+fault_schedules() {
+    local status=0
+    scripts/nemesis.sh --no-install --seed "$FAULT_SCHEDULE_SEED" --minutes 3 || status=$?
+    scripts/nemesis.sh --no-install --minutes 3 || status=$?
+    return "$status"
+}
+
+# test_major MAJOR PROFILE: every step on MAJOR, with the cluster tests of nextest's PROFILE; with
+# the default profile, the fault schedules too.
 test_major() {
     local major=$1 profile=$2
     timed "$major" "PostgreSQL $major ready" use_major "$major"
@@ -132,6 +146,9 @@ test_major() {
     fi
     timed "$major" "build and install (release)" install_snowid
     timed "$major" "cluster tests" cluster_tests "$major" "$profile"
+    if [ "$profile" = default ]; then
+        timed "$major" "fault schedules" fault_schedules
+    fi
     timed "$major" "Debian package" test_package "$major"
 }
 
