@@ -33,6 +33,12 @@ pub extern "C-unwind" fn _PG_init() {
     if !shmem::preloading() {
         return;
     }
+    if cfg!(feature = "unguarded-clock") {
+        pgrx::warning!(
+            "snowid was built with unguarded-clock, a test-only option: it issues through a step \
+             back of the clock and can repeat ids"
+        );
+    }
     gucs::register();
     shmem::init();
     worker::register();
