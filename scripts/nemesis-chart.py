@@ -25,6 +25,8 @@ def main():
     faults = rows(folder / "faults.tsv")
     timeline = rows(folder / "timeline.tsv")
     nodes = sorted({row["node"] for row in timeline})
+    if not nodes:
+        sys.exit(f"{folder}: no call was recorded, so there is nothing to draw")
     kinds = sorted({fault["kind"] for fault in faults})
     palette = plt.get_cmap("tab20")
     colour = {kind: palette(index % 20) for index, kind in enumerate(kinds)}
@@ -35,7 +37,9 @@ def main():
             series[row["node"]][column][int(row["second"])] = int(row[column])
     end = max(int(row["second"]) for row in timeline) + 1
 
-    figure, axes = plt.subplots(len(nodes), 1, figsize=(16, 3.2 * len(nodes)), sharex=True)
+    figure, axes = plt.subplots(len(nodes), 1, figsize=(16, 3.2 * len(nodes)), sharex=True,
+                                squeeze=False)
+    axes = axes[:, 0]
     for axis, node in zip(axes, nodes):
         for fault in faults:
             if fault["target"] not in (node, "registry"):

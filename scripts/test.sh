@@ -5,7 +5,8 @@
 # PG_MAJOR names another: the unit and property tests and the #[pg_test]s (cargo pgrx test), the
 # cluster tests (tests/cluster, side by side under cargo-nextest's default profile), and the Debian
 # package (on 15 also installed, tested and removed), and two runs of the fault schedule
-# (scripts/nemesis.sh), one from a fixed seed and one from a seed drawn at random.
+# (scripts/nemesis.sh): one from a fixed seed with a PostgreSQL registry, one from a seed drawn at
+# random with etcd.
 #
 # --all-majors, as CI runs it: the same on 15, then on every other major the tier that differs by
 # major: every unit test and #[pg_test], the cluster tests of nextest's per-major profile (which
@@ -121,15 +122,16 @@ test_package() {
     install_snowid
 }
 
-# The seed of the fault schedule that every run replays; a second schedule draws its seed afresh.
+# The seed of the fault schedule that every run replays (its registry is PostgreSQL); a second
+# schedule draws its seed afresh and runs with etcd.
 FAULT_SCHEDULE_SEED=2026
 
 # fault_schedules: three minutes of the fault schedule from FAULT_SCHEDULE_SEED, then three from a
-# seed drawn at random; each prints its seed, which replays it (scripts/nemesis.sh --seed N).
+# seed drawn at random; each prints the command that replays it.
 fault_schedules() {
     local status=0
     scripts/nemesis.sh --no-install --seed "$FAULT_SCHEDULE_SEED" --minutes 3 || status=$?
-    scripts/nemesis.sh --no-install --minutes 3 || status=$?
+    scripts/nemesis.sh --no-install --registry etcd --minutes 3 || status=$?
     return "$status"
 }
 

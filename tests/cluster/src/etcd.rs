@@ -2,7 +2,7 @@
 //! `etcd-client`) to read them. Every member is a process of the test, SIGKILLed when dropped.
 
 use crate::free_port;
-use crate::nemesis::network::Host;
+use crate::network::Host;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

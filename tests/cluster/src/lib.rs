@@ -10,9 +10,10 @@
 pub mod etcd;
 pub mod loss;
 pub mod nemesis;
+pub mod network;
 pub mod tls;
 
-use nemesis::network::{self, Host};
+use network::Host;
 use postgres::{Client, NoTls};
 use std::collections::HashSet;
 use std::fs;
@@ -114,19 +115,28 @@ impl Cluster {
     }
 
     /// Like [`Cluster::start`] (with `fake_clock`, like [`Cluster::start_with_fake_clock`]), on the
-    /// test host `host`: the server listens on the host's addresses and lets every test host
-    /// connect and replicate; the harness reaches it through its unix socket.
-    pub fn start_on_host(host: &Host, name: &str, settings: &[&str], fake_clock: bool) -> Cluster {
+    /// test host `host`, in a directory under `parent`: the server listens on the host's addresses
+    /// and lets every test host connect and replicate; the harness reaches it through its unix
+    /// socket.
+    pub fn start_on_host(
+        host: &Host,
+        parent: &Path,
+        name: &str,
+        settings: &[&str],
+        fake_clock: bool,
+    ) -> Cluster {
         let bindir = PathBuf::from(pg_config("--bindir"));
-        let parent = std::env::temp_dir();
-        Cluster::create_in(bindir, &parent, name, settings, fake_clock, Some(host))
+        Cluster::create_in(bindir, parent, name, settings, fake_clock, Some(host))
     }
 
     /// A hot standby of this cluster, which runs on a test host, on the test host `host`, streaming
-    /// this cluster's WAL.
+    /// this cluster's WAL; its directory lies beside this cluster's.
     pub fn standby_on_host(&self, host: &Host, name: &str) -> Cluster {
         let port = free_port();
-        let mut standby = Cluster::unstarted(directory_for(name, port), port, self.bindir.clone());
+        let dir = self
+            .dir
+            .with_file_name(format!("snowid-cluster-{name}-{port}"));
+        let mut standby = Cluster::unstarted(dir, port, self.bindir.clone());
         standby.host = standby.dir.display().to_string();
         standby.on_host = Some(host.clone());
         standby.become_standby_of(self);
@@ -807,10 +817,8 @@ impl Cluster {
         let program = self.bindir.join(program_and_args[0]).display().to_string();
         let mut command = match &self.on_host {
             Some(host) => {
-                let mut command = host.command("runuser");
-                command
-                    .env_remove("RUST_BACKTRACE")
-                    .env_remove("RUST_LIB_BACKTRACE");
+                let mut command = server_command("ip");
+                command.args(["netns", "exec", &host.netns, "runuser"]);
                 command
             }
             None => server_command(if is_root() { "runuser" } else { "env" }),
@@ -1106,13 +1114,19 @@ pub fn new_holder_wait_ms(refusal: &str, worker_id: u16) -> u64 {
 
 /// The lease worker's process id, as `pg_stat_activity` shows it in every registry mode.
 pub fn lease_worker_pid(client: &mut Client) -> i32 {
+    try_lease_worker_pid(client).expect("a lease worker runs")
+}
+
+/// Like [`lease_worker_pid`]; `None` when no lease worker runs or the session fails.
+pub fn try_lease_worker_pid(client: &mut Client) -> Option<i32> {
     client
-        .query_one(
+        .query_opt(
             "SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
             &[],
         )
-        .unwrap()
-        .get(0)
+        .ok()
+        .flatten()
+        .map(|row| row.get(0))
 }
 
 /// Waits until the standby that `client` is connected to names `holder` as the server that holds

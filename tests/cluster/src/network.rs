@@ -35,8 +35,10 @@ pub struct Network {
 }
 
 impl Network {
-    /// An empty network: the switch's namespace with its bridge, named after this process.
-    /// Namespaces left by runs whose process is gone are deleted first.
+    /// An empty network: the switch's namespace with its bridge, named after this process, where
+    /// a partition is tried once so that a machine without nftables fails here, not mid-run.
+    /// What runs left behind whose process is gone is deleted first: their namespaces, what still
+    /// runs in them, and their directories (see [`Network::directory`]).
     pub fn create() -> Network {
         remove_leftovers();
         let prefix = format!("{NAMESPACE_PREFIX}{}-", std::process::id());
@@ -59,7 +61,16 @@ impl Network {
         ]);
         ip(&["-n", &switch, "link", "set", "br0", "up"]);
         ip(&["-n", &switch, "link", "set", "lo", "up"]);
+        let control = network.control_host();
+        partition(&control, &[]);
+        heal(&control);
         network
+    }
+
+    /// The directory for what the servers of this run keep on disk, named after this process so
+    /// that a later run deletes it if this one is killed.
+    pub fn directory(&self) -> std::path::PathBuf {
+        std::env::temp_dir().join(self.prefix.trim_end_matches('-'))
     }
 
     /// A new host named `name` at 10.213.0.`number`, reachable from every other host.
@@ -94,6 +105,25 @@ impl Network {
         Host { netns, address }
     }
 
+    /// Lets every process on every host run on (SIGCONT) and heals every partition: what a fault
+    /// that failed halfway may have left.
+    pub fn resume_all(&self) {
+        for netns in &self.hosts {
+            let pids = Command::new("ip")
+                .args(["netns", "pids", netns])
+                .output()
+                .unwrap();
+            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-CONT", pid]).output();
+            }
+            let _ = Command::new("ip")
+                .args([
+                    "netns", "exec", netns, "nft", "delete", "table", "inet", TABLE,
+                ])
+                .output();
+        }
+    }
+
     /// The control host, which reaches every host and is never partitioned: the switch's namespace
     /// at the bridge's own address.
     pub fn control_host(&self) -> Host {
@@ -107,9 +137,23 @@ impl Network {
 impl Drop for Network {
     fn drop(&mut self) {
         for netns in self.hosts.iter().chain([&self.switch]) {
-            let _ = Command::new("ip").args(["netns", "delete", netns]).output();
+            delete_namespace(netns);
         }
+        let _ = std::fs::remove_dir_all(self.directory());
     }
+}
+
+/// Ends whatever still runs in `netns` (stopped processes included), then deletes it: a
+/// namespace lives on, nameless, while a process runs in it.
+fn delete_namespace(netns: &str) {
+    let pids = Command::new("ip")
+        .args(["netns", "pids", netns])
+        .output()
+        .unwrap();
+    for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+        let _ = Command::new("kill").args(["-KILL", pid]).output();
+    }
+    let _ = Command::new("ip").args(["netns", "delete", netns]).output();
 }
 
 /// Cuts `host` off from `others`, both ways, until [`heal`]; replaces a cut already in force.
@@ -120,10 +164,19 @@ pub fn partition(host: &Host, others: &[&Host]) {
         .collect::<Vec<_>>()
         .join(", ");
     heal(host);
+    // With no others, a table that drops nothing: the check that nftables works here.
+    let (to, from) = if others.is_empty() {
+        (String::new(), String::new())
+    } else {
+        (
+            format!("ip daddr {{ {addresses} }} drop;"),
+            format!("ip saddr {{ {addresses} }} drop;"),
+        )
+    };
     let rules = format!(
         "table inet {TABLE} {{
-           chain output {{ type filter hook output priority 0; ip daddr {{ {addresses} }} drop; }}
-           chain input {{ type filter hook input priority 0; ip saddr {{ {addresses} }} drop; }}
+           chain output {{ type filter hook output priority 0; {to} }}
+           chain input {{ type filter hook input priority 0; {from} }}
          }}"
     );
     let output = with_input(host.command("nft").args(["-f", "-"]), &rules);
@@ -136,10 +189,17 @@ pub fn partition(host: &Host, others: &[&Host]) {
 
 /// Removes the cut [`partition`] made on `host`, if any.
 pub fn heal(host: &Host) {
-    let _ = host
+    let output = host
         .command("nft")
         .args(["delete", "table", "inet", TABLE])
-        .output();
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() || stderr.contains("No such file or directory"),
+        "nft could not heal {}: {stderr}",
+        host.netns
+    );
 }
 
 /// The nftables table that holds a host's partition.
@@ -156,8 +216,7 @@ fn ip(args: &[&str]) {
     );
 }
 
-/// Deletes the namespaces of earlier runs whose process no longer exists (a run killed outright),
-/// and ends what still runs in them.
+/// Deletes what earlier runs whose process no longer exists (a run killed outright) left.
 fn remove_leftovers() {
     let output = Command::new("ip").args(["netns", "list"]).output().unwrap();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
@@ -169,15 +228,9 @@ fn remove_leftovers() {
         };
         let pid = rest.split('-').next().unwrap_or_default();
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            // Its servers first: a namespace lives on, nameless, while a process runs in it.
-            let pids = Command::new("ip")
-                .args(["netns", "pids", name])
-                .output()
-                .unwrap();
-            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-KILL", pid]).output();
-            }
-            let _ = Command::new("ip").args(["netns", "delete", name]).output();
+            delete_namespace(name);
+            let directory = std::env::temp_dir().join(format!("{NAMESPACE_PREFIX}{pid}"));
+            let _ = std::fs::remove_dir_all(directory);
         }
     }
 }

@@ -2,7 +2,9 @@
 //! finds each violation it looks for in a history made to hold it, and nothing in one without.
 //! The schedule itself runs from scripts/nemesis.sh (scripts/test.sh runs it twice).
 
-use snowid_cluster_tests::nemesis::checker::{check, documented_refusal, ClockChange};
+use snowid_cluster_tests::nemesis::checker::{
+    check, documented_refusal, ClockChange, NodeLog, EPOCH_UNIX_MS,
+};
 use snowid_cluster_tests::nemesis::clients::{Call, Outcome};
 use snowid_cluster_tests::nemesis::schedule::{plan, Channel, Fault, Registry};
 use std::time::Duration;
@@ -41,7 +43,7 @@ fn a_seed_replays_its_schedule_and_another_seed_draws_another() {
 
 /// A snowid id of `worker_id` at `unix_ms` with `sequence`.
 fn id(unix_ms: i64, worker_id: i64, sequence: i64) -> i64 {
-    ((unix_ms - 1_767_225_600_000) << 22) | (worker_id << 12) | sequence
+    ((unix_ms - EPOCH_UNIX_MS) << 22) | (worker_id << 12) | sequence
 }
 
 const NOW_MS: i64 = 1_796_000_000_000;
@@ -98,7 +100,7 @@ fn good_history() -> Vec<Call> {
 
 #[test]
 fn a_good_history_passes_and_is_counted() {
-    let verdict = check(&good_history(), &[1, 2], &[]);
+    let verdict = check(&good_history(), &[1, 2], &[], &[]);
     assert!(verdict.passed(), "{verdict:?}");
     assert_eq!((verdict.calls, verdict.ids, verdict.unavailable), (7, 6, 1));
     assert_eq!(
@@ -111,11 +113,11 @@ fn a_good_history_passes_and_is_counted() {
 fn an_id_received_twice_fails_even_on_two_nodes() {
     let mut calls = good_history();
     calls.push(issued(1, NOW_MS + 20, NOW_MS + 21, &[id(NOW_MS, 1, 0)]));
-    let verdict = check(&calls, &[1, 2], &[]);
+    let verdict = check(&calls, &[1, 2], &[], &[]);
     assert!(!verdict.passed());
-    assert_eq!(verdict.twice_count, 1);
+    assert_eq!(verdict.twice.count, 1);
     // The id also carries the other node's worker id.
-    assert_eq!(verdict.foreign_worker_id.len(), 1);
+    assert_eq!(verdict.foreign_worker_id.count, 1);
 }
 
 #[test]
@@ -128,16 +130,16 @@ fn an_id_below_one_answered_before_fails_and_so_does_a_batch_out_of_order() {
         NOW_MS + 13,
         &[id(NOW_MS + 12, 1, 1), id(NOW_MS + 12, 1, 0)],
     ));
-    let verdict = check(&calls, &[1, 2], &[]);
-    assert_eq!(verdict.out_of_order_count, 2, "{:?}", verdict.out_of_order);
+    let verdict = check(&calls, &[1, 2], &[], &[]);
+    assert_eq!(verdict.out_of_order.count, 2, "{:?}", verdict.out_of_order);
     assert!(!verdict.passed());
 }
 
 #[test]
 fn an_id_later_than_its_nodes_clock_fails_unless_the_clock_was_set_ahead() {
     let ahead = vec![issued(0, NOW_MS, NOW_MS + 1, &[id(NOW_MS + 500, 1, 0)])];
-    let verdict = check(&ahead, &[1], &[]);
-    assert_eq!(verdict.from_the_future_count, 1);
+    let verdict = check(&ahead, &[1], &[], &[]);
+    assert_eq!(verdict.from_the_future.count, 1);
     // The node's clock was 600 ms ahead while the call ran: the id is in its past.
     let set_ahead = ClockChange {
         node: 0,
@@ -146,7 +148,7 @@ fn an_id_later_than_its_nodes_clock_fails_unless_the_clock_was_set_ahead() {
         before_ms: 0,
         after_ms: 600,
     };
-    assert!(check(&ahead, &[1], &[set_ahead]).passed());
+    assert!(check(&ahead, &[1], &[set_ahead], &[]).passed());
     // Set back to 0 before the call: the id is ahead again.
     let set_back = ClockChange {
         from_us: (NOW_MS - 5) * 1000,
@@ -156,7 +158,9 @@ fn an_id_later_than_its_nodes_clock_fails_unless_the_clock_was_set_ahead() {
         ..set_ahead
     };
     assert_eq!(
-        check(&ahead, &[1], &[set_ahead, set_back]).from_the_future_count,
+        check(&ahead, &[1], &[set_ahead, set_back], &[])
+            .from_the_future
+            .count,
         1
     );
 }
@@ -171,8 +175,8 @@ fn only_refusals_snowid_documents_pass() {
         "55000",
         "snowid refuses to issue ids: the lease on worker id 2 is not acquired yet",
     ));
-    let verdict = check(&calls, &[1, 2], &[]);
-    assert_eq!(verdict.undocumented.len(), 2, "{:?}", verdict.undocumented);
+    let verdict = check(&calls, &[1, 2], &[], &[]);
+    assert_eq!(verdict.undocumented.count, 2, "{:?}", verdict.undocumented);
     let wait = "snowid refuses to issue ids for another 120 ms: this server has just taken the \
                 lease on worker id 7, and ids issued before under it reach 2026-12-02 08:00:00.120 UTC";
     assert_eq!(
@@ -180,4 +184,40 @@ fn only_refusals_snowid_documents_pass() {
         Some("a new holder waits for earlier ids")
     );
     assert_eq!(documented_refusal("55000", wait, 8), None);
+}
+
+#[test]
+fn two_nodes_under_one_worker_id_are_held_to_one_order() {
+    // n1 and n2 both set up with worker id 1: n2 took it over, and must issue above n1's ids.
+    let calls = vec![
+        issued(0, NOW_MS, NOW_MS + 1, &[id(NOW_MS, 1, 0)]),
+        issued(1, NOW_MS + 10, NOW_MS + 11, &[id(NOW_MS + 10, 1, 0)]),
+    ];
+    assert!(check(&calls, &[1, 1], &[], &[]).passed());
+    let below = vec![
+        issued(0, NOW_MS, NOW_MS + 1, &[id(NOW_MS, 1, 5)]),
+        issued(1, NOW_MS + 10, NOW_MS + 11, &[id(NOW_MS, 1, 4)]),
+    ];
+    assert_eq!(check(&below, &[1, 1], &[], &[]).out_of_order.count, 1);
+}
+
+#[test]
+fn a_process_ended_by_a_signal_fails_unless_it_is_a_lease_worker_the_nemesis_killed() {
+    let killed =
+        "2026-12-02 08:00:00.000 UTC [100] LOG:  background worker \"snowid lease worker\" \
+                  (PID 123) was terminated by signal 9: Killed";
+    let crashed =
+        "2026-12-02 08:00:01.000 UTC [100] LOG:  server process (PID 124) was terminated \
+                   by signal 11: Segmentation fault";
+    let panicked = "2026-12-02 08:00:02.000 UTC [125] PANIC:  could not write to file";
+    let log = |text: &str, kills: usize| NodeLog {
+        name: "n1".into(),
+        log: text.into(),
+        lease_worker_kills: kills,
+    };
+    let ends = |logs: &[NodeLog]| check(&[], &[1], &[], logs).unexplained_ends.count;
+    assert_eq!(ends(&[log(killed, 1)]), 0);
+    assert_eq!(ends(&[log(&format!("{killed}\n{killed}"), 1)]), 1);
+    assert_eq!(ends(&[log(crashed, 0)]), 1);
+    assert_eq!(ends(&[log(panicked, 0)]), 1);
 }

@@ -3,10 +3,14 @@
 //! against the installed snowid, and writes its report into DIR. Exits 1 when a check failed.
 //! Needs root, for the network namespaces; `scripts/nemesis.sh` runs it.
 
+use snowid_cluster_tests::nemesis::report::can_write;
 use snowid_cluster_tests::nemesis::schedule::Registry;
 use snowid_cluster_tests::nemesis::{run, Options};
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Every call and id stays in memory until the end: about 5 GB for three hours.
+const MAX_MINUTES: f64 = 180.0;
 
 const USAGE: &str =
     "usage: nemesis [--seed N] [--minutes M] [--registry postgres|etcd] --report DIR";
@@ -33,8 +37,8 @@ fn main() {
                 minutes = value
                     .parse()
                     .ok()
-                    .filter(|m: &f64| *m > 0.0 && *m <= 24.0 * 60.0)
-                    .unwrap_or_else(|| fail("--minutes takes a number of minutes, up to a day"))
+                    .filter(|m: &f64| *m > 0.0 && *m <= MAX_MINUTES)
+                    .unwrap_or_else(|| fail("--minutes takes a number of minutes, up to 180"))
             }
             "--registry" => {
                 registry = Some(match value.as_str() {
@@ -48,15 +52,34 @@ fn main() {
         }
     }
     let seed = seed.unwrap_or_else(random_seed);
+    let report = report.unwrap_or_else(|| fail("--report is needed"));
+    if !can_write(&report) {
+        fail(&format!(
+            "{} holds files of its own: name an empty folder",
+            report.display()
+        ));
+    }
     let options = Options {
         seed,
         length: Duration::from_secs_f64(minutes * 60.0),
         registry: registry.unwrap_or(Registry::of_seed(seed)),
-        report: report.unwrap_or_else(|| fail("--report is needed")),
+        report,
+        commit: commit(),
     };
     let passed = run(&options);
     println!("\nreport: {}", options.report.display());
     std::process::exit(if passed { 0 } else { 1 });
+}
+
+/// The commit of the working directory, marked when it has changes.
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=12"])
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// A seed from the kernel's random numbers, below 2^32 so that it is easy to type again.

@@ -1,28 +1,27 @@
-//! The checker: judges every call of a run once it is over.
+//! The checker: judges every call of a run, and the servers' logs, once it is over.
 //!
 //! - No id was received twice, in the whole history, on any node.
 //! - Every id carries its node's worker id.
-//! - Each node's ids increase in the order issued: the ids of one call increase, and a call sent
-//!   after another call to the same node was answered has only higher ids (the calls of one
-//!   session are such a pair, and so are calls of different sessions that did not overlap).
+//! - The ids of each worker id increase in the order issued, whichever node issued them: the ids
+//!   of one call increase, and a call sent after another call under the same worker id was
+//!   answered has only higher ids (the calls of one session are such a pair; so are calls of
+//!   different sessions or nodes that did not overlap).
 //! - No id's time is later than the issuing node's clock when the id was received: the client's
 //!   clock at the answer plus the most the node's clock was set ahead of it during the call.
-//! - Every refusal is one that snowid documents: SQLSTATE 55000 and a message of the catalogue,
-//!   naming the node's worker id.
+//! - Every refusal is one that snowid documents: SQLSTATE 55000 and a message of the catalogue
+//!   (naming the node's worker id where the message names one).
+//! - No server process ended by a signal or a PANIC that the nemesis did not send.
 
 use super::clients::{Call, Outcome};
+use crate::loss::worker_of;
 use std::collections::{BTreeMap, HashMap};
 
 /// snowid's epoch, 2026-01-01 00:00:00 UTC, in Unix milliseconds.
-const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
+pub const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
 
 /// The time of `id`, in Unix milliseconds.
 pub fn unix_ms_of(id: i64) -> i64 {
     (id >> 22) + EPOCH_UNIX_MS
-}
-
-pub fn worker_id_of(id: i64) -> u16 {
-    ((id >> 12) & 0x3ff) as u16
 }
 
 /// One change of a node's clock offset: the offset was `before_ms` until `from_us` and
@@ -36,19 +35,36 @@ pub struct ClockChange {
     pub after_ms: i64,
 }
 
-/// What the checker found: counts, and the first few examples of each violation.
+/// How often a check failed, and the first few failures.
+#[derive(Debug, Default)]
+pub struct Finding {
+    pub count: usize,
+    pub examples: Vec<String>,
+}
+
+/// How many examples a finding keeps.
+const EXAMPLES: usize = 10;
+
+impl Finding {
+    fn add(&mut self, example: impl FnOnce() -> String) {
+        self.count += 1;
+        if self.examples.len() < EXAMPLES {
+            self.examples.push(example());
+        }
+    }
+}
+
+/// What the checker found.
 #[derive(Debug, Default)]
 pub struct Verdict {
     pub calls: usize,
     pub ids: usize,
-    pub twice: Vec<String>,
-    pub twice_count: usize,
-    pub foreign_worker_id: Vec<String>,
-    pub out_of_order: Vec<String>,
-    pub out_of_order_count: usize,
-    pub from_the_future: Vec<String>,
-    pub from_the_future_count: usize,
-    pub undocumented: Vec<String>,
+    pub twice: Finding,
+    pub foreign_worker_id: Finding,
+    pub out_of_order: Finding,
+    pub from_the_future: Finding,
+    pub undocumented: Finding,
+    pub unexplained_ends: Finding,
     /// Refusals by reason, and calls that found the server unavailable.
     pub refusals: BTreeMap<&'static str, usize>,
     pub unavailable: usize,
@@ -58,26 +74,35 @@ pub struct Verdict {
 
 impl Verdict {
     pub fn passed(&self) -> bool {
-        self.twice_count == 0
-            && self.foreign_worker_id.is_empty()
-            && self.out_of_order_count == 0
-            && self.from_the_future_count == 0
-            && self.undocumented.is_empty()
+        [
+            &self.twice,
+            &self.foreign_worker_id,
+            &self.out_of_order,
+            &self.from_the_future,
+            &self.undocumented,
+            &self.unexplained_ends,
+        ]
+        .iter()
+        .all(|finding| finding.count == 0)
     }
 }
 
-/// How many examples of each violation a verdict keeps.
-const EXAMPLES: usize = 10;
-
-fn keep(examples: &mut Vec<String>, example: impl FnOnce() -> String) {
-    if examples.len() < EXAMPLES {
-        examples.push(example());
-    }
+/// What the nemesis did to one node, for the check of its log.
+pub struct NodeLog {
+    pub name: String,
+    pub log: String,
+    /// How many times its lease worker was sent SIGKILL.
+    pub lease_worker_kills: usize,
 }
 
 /// Judges `calls`, made to nodes whose worker ids are `worker_ids`, while their clocks changed as
-/// `clock_changes` says.
-pub fn check(calls: &[Call], worker_ids: &[u16], clock_changes: &[ClockChange]) -> Verdict {
+/// `clock_changes` says, and the nodes' logs.
+pub fn check(
+    calls: &[Call],
+    worker_ids: &[u16],
+    clock_changes: &[ClockChange],
+    logs: &[NodeLog],
+) -> Verdict {
     let mut verdict = Verdict {
         calls: calls.len(),
         ..Verdict::default()
@@ -88,29 +113,23 @@ pub fn check(calls: &[Call], worker_ids: &[u16], clock_changes: &[ClockChange]) 
             Outcome::Issued { ids, lease_state } => {
                 *verdict.lease_states.entry(lease_state.clone()).or_default() += 1;
                 verdict.ids += ids.len();
-                let worker_id = worker_ids[call.node];
+                let worker_id = i64::from(worker_ids[call.node]);
                 let clock_us = call.answered_us + 1000 * most_ahead_ms(clock_changes, call);
                 for &id in ids {
                     if let Some(earlier) = seen.insert(id, index) {
-                        verdict.twice_count += 1;
-                        keep(&mut verdict.twice, || {
+                        verdict.twice.add(|| {
                             format!("{id}: {} and {}", describe(&calls[earlier]), describe(call))
                         });
                     }
-                    if worker_id_of(id) != worker_id {
-                        keep(&mut verdict.foreign_worker_id, || {
-                            format!(
-                                "{id} has worker id {}: {}",
-                                worker_id_of(id),
-                                describe(call)
-                            )
+                    if worker_of(id) != worker_id {
+                        verdict.foreign_worker_id.add(|| {
+                            format!("{id} has worker id {}: {}", worker_of(id), describe(call))
                         });
                     }
                     // The client's clock is in microseconds, an id's time in milliseconds; one
                     // microsecond more covers the rounding of libfaketime's fractional offsets.
                     if unix_ms_of(id) * 1000 > clock_us + 1 {
-                        verdict.from_the_future_count += 1;
-                        keep(&mut verdict.from_the_future, || {
+                        verdict.from_the_future.add(|| {
                             format!(
                                 "{id} is {} µs ahead of the node's clock: {}",
                                 unix_ms_of(id) * 1000 - clock_us,
@@ -120,35 +139,41 @@ pub fn check(calls: &[Call], worker_ids: &[u16], clock_changes: &[ClockChange]) 
                     }
                 }
                 if ids.windows(2).any(|pair| pair[0] >= pair[1]) {
-                    verdict.out_of_order_count += 1;
-                    keep(&mut verdict.out_of_order, || {
-                        format!("a call's ids do not increase: {}", describe(call))
-                    });
+                    verdict
+                        .out_of_order
+                        .add(|| format!("a call's ids do not increase: {}", describe(call)));
                 }
             }
             Outcome::Refused { sqlstate, message } => {
                 match documented_refusal(sqlstate, message, worker_ids[call.node]) {
                     Some(reason) => *verdict.refusals.entry(reason).or_default() += 1,
-                    None => keep(&mut verdict.undocumented, || describe(call)),
+                    None => verdict.undocumented.add(|| describe(call)),
                 }
             }
             Outcome::Unavailable { .. } => verdict.unavailable += 1,
         }
     }
-    for node in 0..worker_ids.len() {
-        check_order(calls, node, &mut verdict);
+    let mut distinct: Vec<u16> = worker_ids.to_vec();
+    distinct.sort();
+    distinct.dedup();
+    for worker_id in distinct {
+        check_order(calls, i64::from(worker_id), &mut verdict.out_of_order);
+    }
+    for node in logs {
+        check_log(node, &mut verdict.unexplained_ends);
     }
     verdict
 }
 
-/// The order check for one node: sweeping its calls by the time they were sent, every call
-/// answered before that time must have only lower ids.
-fn check_order(calls: &[Call], node: usize, verdict: &mut Verdict) {
+/// The order check for one worker id: sweeping the calls that issued under it by the time they
+/// were sent, every call answered before that time must have only lower ids.
+fn check_order(calls: &[Call], worker_id: i64, finding: &mut Finding) {
     let issued: Vec<(&Call, i64, i64)> = calls
         .iter()
-        .filter(|call| call.node == node)
         .filter_map(|call| match &call.outcome {
-            Outcome::Issued { ids, .. } if !ids.is_empty() => {
+            Outcome::Issued { ids, .. }
+                if ids.first().map(|&id| worker_of(id)) == Some(worker_id) =>
+            {
                 Some((call, *ids.iter().min().unwrap(), *ids.iter().max().unwrap()))
             }
             _ => None,
@@ -170,8 +195,7 @@ fn check_order(calls: &[Call], node: usize, verdict: &mut Verdict) {
         }
         if let Some((top, earlier)) = highest {
             if *lowest <= top {
-                verdict.out_of_order_count += 1;
-                keep(&mut verdict.out_of_order, || {
+                finding.add(|| {
                     format!(
                         "{lowest} after {top}: {} was sent after {} was answered",
                         describe(call),
@@ -179,6 +203,26 @@ fn check_order(calls: &[Call], node: usize, verdict: &mut Verdict) {
                     )
                 });
             }
+        }
+    }
+}
+
+/// The log line of the postmaster for a lease worker ended by the nemesis's SIGKILL.
+const LEASE_WORKER_KILLED: &str = "background worker \"snowid lease worker\" (PID ";
+
+/// Every process of a node that ended by a signal or a PANIC must be one of its lease workers that
+/// the nemesis killed, and no more of them than it killed.
+fn check_log(node: &NodeLog, finding: &mut Finding) {
+    let mut lease_worker_kills = 0;
+    for line in node.log.lines() {
+        let killed_lease_worker = line.contains(LEASE_WORKER_KILLED)
+            && line.ends_with("was terminated by signal 9: Killed");
+        if killed_lease_worker {
+            lease_worker_kills += 1;
+        }
+        let ended = line.contains(" was terminated by signal ") || line.contains(" PANIC: ");
+        if ended && (!killed_lease_worker || lease_worker_kills > node.lease_worker_kills) {
+            finding.add(|| format!("{}: {line}", node.name));
         }
     }
 }
@@ -269,7 +313,7 @@ pub fn documented_refusal(sqlstate: &str, message: &str, worker_id: u16) -> Opti
     (reason != "clock behind the ids issued" || clock_behind).then_some(reason)
 }
 
-/// A call as reports show it: node, times and outcome.
+/// A call as reports show it: node, times and outcome, a batch by its first and last id.
 pub fn describe(call: &Call) -> String {
     let outcome = match &call.outcome {
         Outcome::Issued { ids, lease_state } if ids.len() > 3 => format!(

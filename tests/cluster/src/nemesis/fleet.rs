@@ -1,22 +1,29 @@
-//! The fleet under test: three nodes issuing with snowid, each on a test host of its own with a
-//! worker id of its own, and their registry on hosts of its own; and how each fault is done to
-//! them and undone.
+//! The fleet under test: four nodes issuing with snowid, each on a test host of its own, and their
+//! registry on hosts of its own; and how each fault is done to them and undone. Nodes n1, n2 and
+//! n3 have worker ids 1, 2 and 3; n4 is set up with worker id 1 as well, as by an operator's
+//! mistake, so that at every fault the registry decides which of n1 and n4 may issue under it.
 
-use super::network::{self, Host, Network};
 use super::schedule::{node_name, Fault, Registry, MAX_CLOCK_BACKWARD_MS, NODES};
 use crate::etcd::{signal, EtcdCluster};
-use crate::{wait_for_lease_state, Cluster};
-use std::path::PathBuf;
-use std::sync::Mutex;
+use crate::network::{self, Host, Network};
+use crate::{try_lease_worker_pid, wait_for_lease_state, Cluster};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long a node's lease lasts (`snowid.lease_ttl`), short so that faults outlast leases.
 pub const LEASE_TTL_S: u32 = 6;
 
+/// The worker id of each node: n4 is set up with n1's.
+pub const WORKER_IDS: [u16; NODES] = [1, 2, 3, 1];
+
 pub struct Node {
     pub host: Host,
     pub cluster: Cluster,
     pub worker_id: u16,
+    /// Held while pg_ctl starts the server and while its clock is stepped: pg_ctl, under the same
+    /// clock, takes a server whose start time is more than 2 s before its own for an old one.
+    pub starting: Mutex<()>,
 }
 
 /// A PostgreSQL registry: a primary and its synchronous standby, which trade places at a failover.
@@ -32,28 +39,30 @@ pub enum RegistryServers {
 }
 
 pub struct Fleet {
-    // Dropped last, once every server on its hosts has stopped.
     pub nodes: Vec<Node>,
     pub registry: RegistryServers,
     registry_hosts: Vec<Host>,
-    /// Where etcd keeps its data; deleted with the fleet.
+    /// Where etcd keeps its data.
     dir: PathBuf,
-    _network: Network,
+    // Dropped last, once every server on its hosts has stopped; it deletes `dir` and the servers'
+    // directories under it.
+    network: Network,
 }
 
 impl Fleet {
-    /// The registry started, then the nodes, each holding its lease.
+    /// The registry started, then the nodes; each but n4 holding its lease.
     pub fn start(registry: Registry) -> Fleet {
         let mut network = Network::create();
-        let dir = std::env::temp_dir().join(format!("snowid-nemesis-{}", std::process::id()));
+        let dir = network.directory();
+        std::fs::create_dir_all(&dir).unwrap();
         let (registry, registry_hosts, setting) = match registry {
-            Registry::Postgres => start_postgres_registry(&mut network),
+            Registry::Postgres => start_postgres_registry(&mut network, &dir),
             Registry::Etcd => start_etcd_registry(&mut network, &dir),
         };
         let nodes = (0..NODES)
             .map(|index| {
                 let host = network.add_host(&node_name(index), index as u8 + 1);
-                let worker_id = index as u16 + 1;
+                let worker_id = WORKER_IDS[index];
                 let settings = [
                     "shared_preload_libraries = 'snowid'".to_string(),
                     format!("cluster_name = '{}'", node_name(index)),
@@ -63,15 +72,20 @@ impl Fleet {
                     format!("snowid.max_clock_backward = {MAX_CLOCK_BACKWARD_MS}"),
                 ];
                 let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
-                let cluster = Cluster::start_on_host(&host, &node_name(index), &settings, true);
+                let cluster =
+                    Cluster::start_on_host(&host, &dir, &node_name(index), &settings, true);
                 let mut client = cluster.connect();
                 client.batch_execute("CREATE EXTENSION snowid").unwrap();
-                let state = wait_for_lease_state(&mut client, "held", Duration::from_secs(30));
-                assert_eq!(state, "held", "{} holds its lease", node_name(index));
+                // n4 starts while n1 holds their worker id.
+                if !WORKER_IDS[..index].contains(&worker_id) {
+                    let state = wait_for_lease_state(&mut client, "held", Duration::from_secs(30));
+                    assert_eq!(state, "held", "{} holds its lease", node_name(index));
+                }
                 Node {
                     host,
                     cluster,
                     worker_id,
+                    starting: Mutex::new(()),
                 }
             })
             .collect();
@@ -80,7 +94,7 @@ impl Fleet {
             registry,
             registry_hosts,
             dir,
-            _network: network,
+            network,
         }
     }
 
@@ -90,9 +104,7 @@ impl Fleet {
         match node {
             Some(node) => self.inflict_on_node(&self.nodes[node], fault, lasts),
             None => match &self.registry {
-                RegistryServers::Postgres(registry) => {
-                    registry.lock().unwrap().inflict(fault, lasts)
-                }
+                RegistryServers::Postgres(registry) => lock(registry).inflict(fault, lasts),
                 RegistryServers::Etcd(etcd) => inflict_on_etcd(etcd, fault, lasts),
             },
         }
@@ -104,15 +116,23 @@ impl Fleet {
             Fault::Crash => {
                 cluster.kill_postmaster();
                 std::thread::sleep(lasts);
+                let _starting = lock(&node.starting);
                 cluster.start_again();
             }
-            Fault::ImmediateRestart => cluster.restart_in_mode("immediate"),
-            Fault::CleanRestart => cluster.restart_in_mode("fast"),
+            Fault::ImmediateRestart | Fault::CleanRestart => {
+                let mode = if fault == Fault::CleanRestart {
+                    "fast"
+                } else {
+                    "immediate"
+                };
+                let _starting = lock(&node.starting);
+                cluster.restart_in_mode(mode);
+            }
             Fault::PauseNode => {
                 let processes = cluster.processes();
-                signal_all(&processes, "-STOP");
+                signal_each(&processes, "-STOP");
                 std::thread::sleep(lasts);
-                signal_all(&processes, "-CONT");
+                signal_each(&processes, "-CONT");
             }
             Fault::PauseLeaseWorker | Fault::KillLeaseWorker => {
                 let Some(pid) = lease_worker(cluster) else {
@@ -127,7 +147,7 @@ impl Fleet {
                 }
             }
             Fault::ClockBack { .. } | Fault::ClockForward { .. } => {
-                unreachable!("clock faults are set by the run, which records them")
+                unreachable!("clock faults are made by the run, which records them")
             }
             Fault::PartitionFromRegistry => {
                 let registry: Vec<&Host> = self.registry_hosts.iter().collect();
@@ -140,6 +160,16 @@ impl Fleet {
         String::new()
     }
 
+    /// Undoes whatever a fault that failed halfway may have left in force: stopped processes,
+    /// partitions, moved clocks.
+    pub fn undo_everything(&self) {
+        self.network.resume_all();
+        for node in &self.nodes {
+            let _starting = lock(&node.starting);
+            node.cluster.set_clock_offset("+0");
+        }
+    }
+
     /// Every server's log, by name.
     pub fn logs(&self) -> Vec<(String, String)> {
         let mut logs: Vec<(String, String)> = self
@@ -150,17 +180,15 @@ impl Fleet {
             .collect();
         match &self.registry {
             RegistryServers::Postgres(registry) => {
-                for (index, server) in registry.lock().unwrap().servers.iter().enumerate() {
+                for (index, server) in lock(registry).servers.iter().enumerate() {
                     logs.push((format!("registry-{}", index + 1), server.log()));
                 }
             }
             RegistryServers::Etcd(etcd) => {
-                for member in &etcd.lock().unwrap().members {
+                for member in &lock(etcd).members {
                     let log = self.dir.join(format!("{}.log", member.name));
-                    logs.push((
-                        member.name.clone(),
-                        std::fs::read_to_string(log).unwrap_or_default(),
-                    ));
+                    let text = std::fs::read_to_string(log).unwrap_or_default();
+                    logs.push((member.name.clone(), text));
                 }
             }
         }
@@ -174,21 +202,31 @@ impl Drop for Fleet {
         self.nodes.clear();
         if let RegistryServers::Etcd(etcd) = &self.registry {
             for index in 0..3 {
-                etcd.lock().unwrap().kill(index);
+                lock(etcd).kill(index);
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-fn start_postgres_registry(network: &mut Network) -> (RegistryServers, Vec<Host>, String) {
+/// `mutex` locked, also when a fault that panicked held it: what it guards is still there to stop
+/// and to report on.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn start_postgres_registry(
+    network: &mut Network,
+    dir: &Path,
+) -> (RegistryServers, Vec<Host>, String) {
     let hosts = [
         network.add_host("registry-1", 11),
         network.add_host("registry-2", 12),
     ];
     // A standby cut off for a while finds the WAL it missed still there.
     let settings = ["wal_keep_size = '256MB'"];
-    let primary = Cluster::start_on_host(&hosts[0], "registry-1", &settings, false);
+    let primary = Cluster::start_on_host(&hosts[0], dir, "registry-1", &settings, false);
     let mut client = primary.connect();
     // Commits wait for the standby once it is made, which copies the setting for its own turn as
     // primary.
@@ -215,16 +253,17 @@ fn start_postgres_registry(network: &mut Network) -> (RegistryServers, Vec<Host>
     )
 }
 
-fn start_etcd_registry(
-    network: &mut Network,
-    dir: &std::path::Path,
-) -> (RegistryServers, Vec<Host>, String) {
+fn start_etcd_registry(network: &mut Network, dir: &Path) -> (RegistryServers, Vec<Host>, String) {
     let hosts: Vec<Host> = (1..=3)
         .map(|number| network.add_host(&format!("etcd-{number}"), 20 + number))
         .collect();
     let etcd = EtcdCluster::start_on_hosts(dir, &hosts, network.control_host());
     let setting = format!("etcd://{}/snowid-nemesis", etcd.endpoints());
-    (RegistryServers::Etcd(Box::new(Mutex::new(etcd))), hosts, setting)
+    (
+        RegistryServers::Etcd(Box::new(Mutex::new(etcd))),
+        hosts,
+        setting,
+    )
 }
 
 impl PostgresRegistry {
@@ -244,9 +283,9 @@ impl PostgresRegistry {
             }
             Fault::RegistryPrimaryPause => {
                 let processes = self.servers[primary].processes();
-                signal_all(&processes, "-STOP");
+                signal_each(&processes, "-STOP");
                 std::thread::sleep(lasts);
-                signal_all(&processes, "-CONT");
+                signal_each(&processes, "-CONT");
             }
             Fault::RegistryReplicationPartition => {
                 network::partition(&self.hosts[primary], &[&self.hosts[standby]]);
@@ -268,8 +307,12 @@ impl PostgresRegistry {
 }
 
 fn inflict_on_etcd(etcd: &Mutex<EtcdCluster>, fault: Fault, lasts: Duration) -> String {
-    let mut etcd = etcd.lock().unwrap();
-    let leader = leader(&etcd);
+    let mut etcd = lock(etcd);
+    // With no leader known, the first member stands in for it, and the report says so.
+    let (leader, named) = match leader_within_10_s(&etcd) {
+        Some(leader) => (leader, format!("leader e{}", leader + 1)),
+        None => (0, "leader unknown".to_string()),
+    };
     let struck = match fault {
         Fault::EtcdLeaderKill | Fault::EtcdFollowerKill => {
             let member = if fault == Fault::EtcdLeaderKill {
@@ -299,19 +342,17 @@ fn inflict_on_etcd(etcd: &Mutex<EtcdCluster>, fault: Fault, lasts: Duration) -> 
         }
         other => unreachable!("{other} is not an etcd registry's fault"),
     };
-    format!("e{} (leader e{})", struck + 1, leader + 1)
+    format!("e{} ({named})", struck + 1)
 }
 
-/// The member that leads, asked for up to 10 s (a member started again a moment ago may not answer
-/// yet); the first member if none is known by then.
-fn leader(etcd: &EtcdCluster) -> usize {
+/// The member that leads, asked for up to 10 s: a member started again a moment ago may not
+/// answer yet.
+fn leader_within_10_s(etcd: &EtcdCluster) -> Option<usize> {
     let started = Instant::now();
     loop {
-        if let Some(leader) = etcd.try_leader() {
+        let leader = etcd.try_leader();
+        if leader.is_some() || started.elapsed() > Duration::from_secs(10) {
             return leader;
-        }
-        if started.elapsed() > Duration::from_secs(10) {
-            return 0;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -321,27 +362,21 @@ fn leader(etcd: &EtcdCluster) -> usize {
 fn lease_worker(cluster: &Cluster) -> Option<u32> {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(10) {
-        let pid = cluster.try_connect().ok().and_then(|mut client| {
-            client
-                .query_opt(
-                    "SELECT pid FROM pg_stat_activity WHERE backend_type = 'snowid lease worker'",
-                    &[],
-                )
-                .ok()
-                .flatten()
-                .map(|row| row.get::<_, i32>(0) as u32)
-        });
-        if pid.is_some() {
-            return pid;
+        let pid = cluster
+            .try_connect()
+            .ok()
+            .and_then(|mut client| try_lease_worker_pid(&mut client));
+        if let Some(pid) = pid {
+            return Some(pid as u32);
         }
         std::thread::sleep(Duration::from_millis(200));
     }
     None
 }
 
-fn signal_all(pids: &[String], how: &str) {
+/// Sends `how` to each of `pids`; one that has exited since it was listed is passed over.
+fn signal_each(pids: &[String], how: &str) {
     for pid in pids {
-        // A process may have exited since it was listed.
         let _ = std::process::Command::new("kill").args([how, pid]).output();
     }
 }

@@ -1,20 +1,19 @@
-//! The fault schedule: a fleet of three nodes and their registry, each on a test host of its own,
+//! The fault schedule: a fleet of four nodes and their registry, each on a test host of its own,
 //! issuing ids for a given time while a nemesis strikes them with faults drawn from a seed; then a
 //! checker judges every id received and a report tells what happened (`scripts/nemesis.sh`).
 
 pub mod checker;
 pub mod clients;
 pub mod fleet;
-pub mod network;
 pub mod report;
 pub mod schedule;
 
 use checker::ClockChange;
 use clients::{unix_us, Call, Style};
-use fleet::Fleet;
+use fleet::{lock, Fleet};
 use schedule::{Channel, Fault, Planned, Registry};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -24,9 +23,12 @@ pub struct Options {
     pub registry: Registry,
     /// Where the report goes.
     pub report: PathBuf,
+    /// The commit the run was built from, for the report.
+    pub commit: String,
 }
 
-/// How long the fleet runs with no fault after the schedule, in which every node must issue again.
+/// How long the fleet runs with no fault after the schedule, in which every worker id must be
+/// issued under again.
 pub const QUIET_END: Duration = Duration::from_secs(20);
 
 /// One fault as it ran: when it started and was undone, in Unix microseconds, and what it struck.
@@ -41,16 +43,19 @@ pub struct Struck {
 /// Everything a run recorded, for the checker and the report.
 pub struct History {
     pub seed: u64,
+    pub commit: String,
     pub registry: Registry,
     pub length: Duration,
     pub started_us: i64,
     pub faults_ended_us: i64,
     pub ended_us: i64,
-    pub schedule: Vec<Planned>,
     pub struck: Vec<Struck>,
     pub calls: Vec<Call>,
     pub clock_changes: Vec<ClockChange>,
     pub worker_ids: Vec<u16>,
+    /// Why the nemesis stopped before its schedule ended, if it did: a fault it could not do or
+    /// undo.
+    pub nemesis_failure: Option<String>,
 }
 
 /// Runs the schedule of `options` and writes its report; whether every check passed.
@@ -65,11 +70,12 @@ pub fn run(options: &Options) -> bool {
     );
     let fleet = Fleet::start(options.registry);
     let done = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
     let struck = Mutex::new(vec![]);
     let clock_changes = Mutex::new(vec![]);
     let started = Instant::now();
     let started_us = unix_us();
-    let (calls, faults_ended_us) = std::thread::scope(|scope| {
+    let (calls, faults_ended_us, nemesis_failure) = std::thread::scope(|scope| {
         let applications: Vec<_> = fleet
             .nodes
             .iter()
@@ -92,11 +98,15 @@ pub fn run(options: &Options) -> bool {
                     .filter(|fault| fault.channel == channel)
                     .copied()
                     .collect();
-                let (fleet, struck, clock_changes) = (&fleet, &struck, &clock_changes);
+                let (fleet, stop) = (&fleet, &stop);
+                let (struck, clock_changes) = (&struck, &clock_changes);
                 scope.spawn(move || {
+                    // A fault that panics stops every channel at its next fault.
+                    let guard = StopOnPanic(stop);
                     for planned in faults {
-                        let wait = (started + planned.at).saturating_duration_since(Instant::now());
-                        std::thread::sleep(wait);
+                        if !sleep_until(started + planned.at, stop) {
+                            break;
+                        }
                         let began_us = unix_us();
                         let note = match planned.fault {
                             Fault::ClockBack { ms } => {
@@ -115,51 +125,90 @@ pub fn run(options: &Options) -> bool {
                             planned.fault,
                             (ended_us - began_us) as f64 / 1e6,
                         );
-                        struck.lock().unwrap().push(Struck {
+                        lock(struck).push(Struck {
                             planned,
                             started_us: began_us,
                             ended_us,
                             note,
                         });
                     }
+                    std::mem::forget(guard);
                 })
             })
             .collect();
-        for nemesis in nemeses {
-            if let Err(panic) = nemesis.join() {
-                done.store(true, std::sync::atomic::Ordering::Relaxed);
-                std::panic::resume_unwind(panic);
-            }
+        let failures: Vec<String> = nemeses
+            .into_iter()
+            .filter_map(|nemesis| nemesis.join().err())
+            .map(|panic| panic_text(&*panic))
+            .collect();
+        if !failures.is_empty() {
+            fleet.undo_everything();
         }
         let faults_ended_us = unix_us();
         std::thread::sleep(QUIET_END);
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        done.store(true, Ordering::Relaxed);
         let calls: Vec<Call> = applications
             .into_iter()
             .flat_map(|application| application.join().unwrap())
             .collect();
-        (calls, faults_ended_us)
+        let failure = (!failures.is_empty()).then(|| failures.join("\n"));
+        (calls, faults_ended_us, failure)
     });
-    let mut struck = struck.into_inner().unwrap();
+    let mut struck = struck.into_inner().unwrap_or_else(|p| p.into_inner());
     struck.sort_by_key(|fault| fault.started_us);
     let history = History {
         seed: options.seed,
+        commit: options.commit.clone(),
         registry: options.registry,
         length: options.length,
         started_us,
         faults_ended_us,
         ended_us: unix_us(),
-        schedule,
         struck,
         calls,
-        clock_changes: clock_changes.into_inner().unwrap(),
+        clock_changes: clock_changes
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner()),
         worker_ids: fleet.nodes.iter().map(|node| node.worker_id).collect(),
+        nemesis_failure,
     };
     report::write(&options.report, &history, &fleet)
 }
 
+/// Sets its flag when dropped, which a channel's thread does only when a fault panics.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Sleeps until `when`, a second at a time; false if `stop` was set meanwhile.
+fn sleep_until(when: Instant, stop: &AtomicBool) -> bool {
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        let left = when.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(left.min(Duration::from_secs(1)));
+    }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+        .unwrap_or_else(|| "a fault panicked".into())
+}
+
 /// Steps the clock of `planned`'s node by `by_ms`, waits the fault's length, and steps it back;
-/// records both changes for the checker.
+/// records both changes for the checker. Never while pg_ctl starts the node (see
+/// [`fleet::Node::starting`]).
 fn step_clock(
     fleet: &Fleet,
     planned: Planned,
@@ -168,10 +217,11 @@ fn step_clock(
 ) -> String {
     let node = planned.channel.node().expect("a node's clock");
     let set = |before_ms: i64, after_ms: i64| {
+        let _starting = lock(&fleet.nodes[node].starting);
         let from_us = unix_us();
         let seconds = format!("{:+}", after_ms as f64 / 1000.0);
         fleet.nodes[node].cluster.set_clock_offset(&seconds);
-        changes.lock().unwrap().push(ClockChange {
+        lock(changes).push(ClockChange {
             node,
             from_us,
             until_us: unix_us(),

@@ -1,12 +1,12 @@
 //! The report of a run, in the folder it was given: `report.txt` (the verdict, faults by kind, ids
 //! checked, refusals, availability per node beside the faults in force, the schedule as it ran),
 //! `faults.tsv` and `timeline.tsv` for the chart that `scripts/nemesis-chart.py` draws, and on
-//! failure `calls.tsv` (every call) and every server's log.
+//! failure `calls.tsv` (every call, every id) and every server's log.
 
-use super::checker::{self, describe, Verdict};
+use super::checker::{self, NodeLog, Verdict};
 use super::clients::{Call, Outcome};
 use super::fleet::Fleet;
-use super::schedule::{node_name, Channel};
+use super::schedule::{node_name, Channel, Fault};
 use super::{History, QUIET_END};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -16,20 +16,57 @@ use std::path::Path;
 /// The width of an availability window.
 const WINDOW_US: i64 = 100_000;
 
-/// Judges `history`, writes the report into `dir` and prints it; whether every check passed.
+/// The files a report is made of; a folder holding anything else is not written over.
+const FILES: [&str; 4] = ["report.txt", "faults.tsv", "timeline.tsv", "timeline.png"];
+
+/// Whether `dir` can take a report: it does not exist, is empty, or holds an earlier report (whose
+/// files, and logs and calls, are replaced).
+pub fn can_write(dir: &Path) -> bool {
+    match fs::read_dir(dir) {
+        Err(_) => true,
+        Ok(entries) => entries.flatten().all(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            FILES.contains(&name.as_str()) || name == "calls.tsv" || name.ends_with(".log")
+        }),
+    }
+}
+
+/// Judges `history`, writes the report into `dir` (emptied first; see [`can_write`]) and prints
+/// it; whether every check passed.
 pub fn write(dir: &Path, history: &History, fleet: &Fleet) -> bool {
+    assert!(can_write(dir), "{} holds more than a report", dir.display());
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir).unwrap();
-    let verdict = checker::check(&history.calls, &history.worker_ids, &history.clock_changes);
+    let logs = fleet.logs();
+    let node_logs: Vec<NodeLog> = (0..history.worker_ids.len())
+        .map(|node| NodeLog {
+            name: node_name(node),
+            log: logs[node].1.clone(),
+            lease_worker_kills: history
+                .struck
+                .iter()
+                .filter(|fault| fault.planned.channel.node() == Some(node))
+                .filter(|fault| fault.planned.fault == Fault::KillLeaseWorker)
+                .count(),
+        })
+        .collect();
+    let verdict = checker::check(
+        &history.calls,
+        &history.worker_ids,
+        &history.clock_changes,
+        &node_logs,
+    );
     let back_after = issuing_again_after_faults(history);
-    let passed = verdict.passed() && back_after.iter().all(Option::is_some);
+    let passed = verdict.passed()
+        && back_after.iter().all(|(_, back)| back.is_some())
+        && history.nemesis_failure.is_none();
     let text = text(history, &verdict, &back_after, passed);
     fs::write(dir.join("report.txt"), &text).unwrap();
     fs::write(dir.join("faults.tsv"), faults_tsv(history)).unwrap();
     fs::write(dir.join("timeline.tsv"), timeline_tsv(history)).unwrap();
     if !passed {
         fs::write(dir.join("calls.tsv"), calls_tsv(&history.calls)).unwrap();
-        for (name, log) in fleet.logs() {
+        for (name, log) in logs {
             fs::write(dir.join(format!("{name}.log")), log).unwrap();
         }
     }
@@ -37,22 +74,34 @@ pub fn write(dir: &Path, history: &History, fleet: &Fleet) -> bool {
     passed
 }
 
-fn text(history: &History, verdict: &Verdict, back_after: &[Option<f64>], passed: bool) -> String {
+fn text(
+    history: &History,
+    verdict: &Verdict,
+    back_after: &[(u16, Option<f64>)],
+    passed: bool,
+) -> String {
     let mut out = String::new();
     let seconds = |us: i64| (us - history.started_us) as f64 / 1e6;
     let _ = writeln!(
         out,
-        "snowid fault schedule: seed {}, registry {}, {} s of faults and {} s without\n",
+        "snowid fault schedule: seed {}, registry {}, {} s of faults and {} s without, commit {}\n",
         history.seed,
         history.registry.name(),
         history.length.as_secs(),
-        QUIET_END.as_secs()
+        QUIET_END.as_secs(),
+        history.commit
     );
     let _ = writeln!(
         out,
         "Verdict: {}\n",
         if passed { "PASSED" } else { "FAILED" }
     );
+    if let Some(failure) = &history.nemesis_failure {
+        let _ = writeln!(
+            out,
+            "The nemesis stopped early, a fault failing:\n{failure}\n"
+        );
+    }
 
     let _ = writeln!(out, "Faults injected, by kind:");
     let mut kinds: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
@@ -72,48 +121,43 @@ fn text(history: &History, verdict: &Verdict, back_after: &[Option<f64>], passed
         verdict.ids, verdict.calls
     );
     let checks = [
-        ("ids received twice", verdict.twice_count, &verdict.twice),
+        ("ids received twice", &verdict.twice),
         (
-            "ids of another node's worker id",
-            verdict.foreign_worker_id.len(),
+            "ids of another worker id than their node's",
             &verdict.foreign_worker_id,
         ),
         (
-            "ids out of order on their node",
-            verdict.out_of_order_count,
+            "ids out of order under their worker id",
             &verdict.out_of_order,
         ),
         (
             "ids later than their node's clock",
-            verdict.from_the_future_count,
             &verdict.from_the_future,
         ),
+        ("errors snowid does not document", &verdict.undocumented),
         (
-            "errors snowid does not document",
-            verdict.undocumented.len(),
-            &verdict.undocumented,
+            "server processes ended by a signal or PANIC the nemesis did not send",
+            &verdict.unexplained_ends,
         ),
     ];
-    for (what, count, examples) in checks {
-        let _ = writeln!(out, "  {count:8}  {what}");
-        for example in examples {
+    for (what, finding) in checks {
+        let _ = writeln!(out, "  {:8}  {what}", finding.count);
+        for example in &finding.examples {
             let _ = writeln!(out, "            {example}");
         }
     }
-    for (node, back) in back_after.iter().enumerate() {
+    for (worker_id, back) in back_after {
         match back {
             Some(after) => {
                 let _ = writeln!(
                     out,
-                    "  {} issued again {after:.2} s after the last fault was undone",
-                    node_name(node)
+                    "  worker id {worker_id} issued again {after:.2} s after the last fault was undone"
                 );
             }
             None => {
                 let _ = writeln!(
                     out,
-                    "  {} did NOT issue in the {} s after the last fault was undone",
-                    node_name(node),
+                    "  worker id {worker_id} did NOT issue in the {} s after the last fault was undone",
                     QUIET_END.as_secs()
                 );
             }
@@ -182,19 +226,25 @@ fn text(history: &History, verdict: &Verdict, back_after: &[Option<f64>], passed
     out
 }
 
-/// For each node, how long after the last fault was undone it received its first id; `None` if it
-/// received none before the run ended.
-fn issuing_again_after_faults(history: &History) -> Vec<Option<f64>> {
-    (0..history.worker_ids.len())
-        .map(|node| {
-            history
+/// For each worker id, how long after the last fault was undone a node first received an id under
+/// it; `None` if none did before the run ended.
+fn issuing_again_after_faults(history: &History) -> Vec<(u16, Option<f64>)> {
+    let mut worker_ids = history.worker_ids.clone();
+    worker_ids.sort();
+    worker_ids.dedup();
+    worker_ids
+        .into_iter()
+        .map(|worker_id| {
+            let first = history
                 .calls
                 .iter()
-                .filter(|call| call.node == node && call.sent_us >= history.faults_ended_us)
+                .filter(|call| history.worker_ids[call.node] == worker_id)
+                .filter(|call| call.sent_us >= history.faults_ended_us)
                 .filter(|call| matches!(call.outcome, Outcome::Issued { .. }))
                 .map(|call| call.answered_us)
-                .min()
-                .map(|first| (first - history.faults_ended_us) as f64 / 1e6)
+                .min();
+            let after = first.map(|first| (first - history.faults_ended_us) as f64 / 1e6);
+            (worker_id, after)
         })
         .collect()
 }
@@ -297,9 +347,29 @@ fn timeline_tsv(history: &History) -> String {
     out
 }
 
+/// Every call: node, sent and answered (Unix microseconds), outcome, and its ids or error.
 fn calls_tsv(calls: &[Call]) -> String {
-    calls
-        .iter()
-        .map(|call| format!("{}\n", describe(call)))
-        .collect()
+    let mut out = String::from("node\tsent_us\tanswered_us\toutcome\tdetail\n");
+    for call in calls {
+        let (outcome, detail) = match &call.outcome {
+            Outcome::Issued { ids, lease_state } => (
+                format!("issued ({lease_state})"),
+                ids.iter().map(i64::to_string).collect::<Vec<_>>().join(","),
+            ),
+            Outcome::Refused { sqlstate, message } => {
+                (format!("refused {sqlstate}"), message.clone())
+            }
+            Outcome::Unavailable { error } => {
+                ("unavailable".into(), error.replace(['\t', '\n'], " "))
+            }
+        };
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{outcome}\t{detail}",
+            node_name(call.node),
+            call.sent_us,
+            call.answered_us
+        );
+    }
+    out
 }

@@ -160,7 +160,7 @@ impl fmt::Display for Fault {
 pub const MAX_CLOCK_BACKWARD_MS: u32 = 20;
 
 /// The number of nodes that issue ids.
-pub const NODES: usize = 3;
+pub const NODES: usize = 4;
 
 /// One fault of the schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,9 +174,9 @@ pub struct Planned {
 }
 
 /// The schedule of a run of `length` with `registry`, drawn from `seed`: every channel's faults in
-/// turn, each after a pause, and each undone before `length` ends. Sorted by start.
+/// turn, each after a pause, and each undone before `length` ends. Sorted by start. Each channel
+/// draws from a stream of its own, so a shorter run of a seed is the start of a longer one.
 pub fn plan(seed: u64, length: Duration, registry: Registry) -> Vec<Planned> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut channels: Vec<Channel> = (0..NODES)
         .flat_map(|node| {
             [
@@ -188,7 +188,9 @@ pub fn plan(seed: u64, length: Duration, registry: Registry) -> Vec<Planned> {
         .collect();
     channels.push(Channel::Registry);
     let mut planned = vec![];
-    for channel in channels {
+    for (stream, channel) in channels.into_iter().enumerate() {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(stream as u64);
         let mut at = seconds(&mut rng, 2.0, 15.0);
         loop {
             let (fault, lasts) = draw(&mut rng, channel, registry);
