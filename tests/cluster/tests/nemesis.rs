@@ -30,6 +30,14 @@ fn a_seed_replays_its_schedule_and_another_seed_draws_another() {
         }
         assert!(faults.iter().all(|f| f.at + f.lasts < THREE_MINUTES));
     }
+    // A shorter run of a seed is the start of a longer one.
+    let one_minute = Duration::from_secs(60);
+    let start: Vec<_> = first
+        .iter()
+        .filter(|f| f.at + f.lasts < one_minute)
+        .copied()
+        .collect();
+    assert_eq!(plan(2026, one_minute, Registry::Postgres), start);
     let registry_faults: Vec<Fault> = plan(2027, THREE_MINUTES, Registry::Etcd)
         .iter()
         .filter(|f| f.channel == Channel::Registry)
