@@ -150,31 +150,7 @@ impl Cluster {
         let data = self.data();
         let _ = self.try_as_postgres(&["pg_ctl", "-w", "-D", &data, "-m", "immediate", "stop"]);
         let _ = fs::remove_dir_all(&data);
-        let source = &primary
-            .on_host
-            .as_ref()
-            .expect("a primary on a test host")
-            .address;
-        let port = primary.port.to_string();
-        self.as_postgres(
-            &[
-                "pg_basebackup",
-                "-h",
-                source,
-                "-p",
-                &port,
-                "-U",
-                "postgres",
-                "-D",
-                &data,
-                "-X",
-                "stream",
-                "-R",
-                "-c",
-                "fast",
-            ],
-            &[],
-        );
+        self.take_base_backup_of(primary, &["-R", "-c", "fast"]);
         self.move_to_own_port();
         self.pg_ctl("start");
     }
@@ -522,14 +498,25 @@ impl Cluster {
     /// clients will connect to `port`.
     fn base_backup_into(&self, dir: PathBuf, port: u16, options: &[&str]) -> Cluster {
         let copy = Cluster::unstarted(dir, port, self.bindir.clone());
-        let port_text = self.port.to_string();
-        let data = copy.data();
+        copy.take_base_backup_of(self, options);
+        copy
+    }
+
+    /// Fills this cluster's (empty) data directory with a `pg_basebackup` of `source` with extra
+    /// `options`, run where this cluster runs, from the address `source` listens on.
+    fn take_base_backup_of(&self, source: &Cluster, options: &[&str]) {
+        let address = source
+            .on_host
+            .as_ref()
+            .map_or("127.0.0.1", |host| &host.address);
+        let port = source.port.to_string();
+        let data = self.data();
         let mut args = vec![
             "pg_basebackup",
             "-h",
-            "127.0.0.1",
+            address,
             "-p",
-            &port_text,
+            &port,
             "-U",
             "postgres",
             "-D",
@@ -538,8 +525,7 @@ impl Cluster {
             "stream",
         ];
         args.extend_from_slice(options);
-        copy.as_postgres(&args, &[]);
-        copy
+        self.as_postgres(&args, &[]);
     }
 
     /// A cluster that will live in `dir` (emptied, and owned by the server's user) on `port`,
