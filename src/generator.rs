@@ -292,6 +292,7 @@ impl IssuingState {
                 {
                     // The protection switched off, so that the fault schedule shows it catches
                     // this: the last stamp is forgotten, and the clock's reading taken as it is.
+                    // Only a stamp this server issued: a floor just lifted still refuses.
                     let now_stamp = layout::stamp(now, 0);
                     let _ = self.last_stamp.compare_exchange(
                         last,

@@ -746,8 +746,18 @@ fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the
     );
     assert_eq!(standby.log().matches(&warning).count(), 1);
 
-    // Promoted beside its live primary, it issues nothing, however long the primary issues.
+    // Promoted beside its live primary, it issues nothing, however long the primary issues; its
+    // lease worker's first answer from etcd is awaited, before which it refuses as not acquired.
     standby.promote();
+    wait_for(
+        "the promoted standby's first claim",
+        Duration::from_secs(10),
+        || {
+            !next_id(&mut on_standby)
+                .unwrap_err()
+                .contains("worker id 9 is not acquired yet")
+        },
+    );
     let until = Instant::now() + Duration::from_secs(TTL_S + 2);
     while Instant::now() < until {
         ids.push(next_id(&mut on_primary).unwrap());

@@ -228,4 +228,9 @@ fn a_process_ended_by_a_signal_fails_unless_it_is_a_lease_worker_the_nemesis_kil
     assert_eq!(ends(&[log(&format!("{killed}\n{killed}"), 1)]), 1);
     assert_eq!(ends(&[log(crashed, 0)]), 1);
     assert_eq!(ends(&[log(panicked, 0)]), 1);
+    // A crash-restart, whatever ended the process, counts against the kills too.
+    let restart = "2026-12-02 08:00:03.000 UTC [100] LOG:  terminating any other active server \
+                   processes";
+    assert_eq!(ends(&[log(&format!("{killed}\n{restart}"), 1)]), 0);
+    assert_eq!(ends(&[log(restart, 0)]), 1);
 }

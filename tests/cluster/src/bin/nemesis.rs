@@ -74,7 +74,15 @@ fn main() {
 /// The commit of the working directory, marked when it has changes.
 fn commit() -> String {
     std::process::Command::new("git")
-        .args(["describe", "--always", "--dirty", "--abbrev=12"])
+        // Run as root, in a checkout another user may own.
+        .args([
+            "-c",
+            "safe.directory=*",
+            "describe",
+            "--always",
+            "--dirty",
+            "--abbrev=12",
+        ])
         .output()
         .ok()
         .filter(|output| output.status.success())

@@ -10,7 +10,8 @@
 //!   clock at the answer plus the most the node's clock was set ahead of it during the call.
 //! - Every refusal is one that snowid documents: SQLSTATE 55000 and a message of the catalogue
 //!   (naming the node's worker id where the message names one).
-//! - No server process ended by a signal or a PANIC that the nemesis did not send.
+//! - No server process ended by a signal or a PANIC that the nemesis did not send, and no node
+//!   restarted after a crash of a process more often than the nemesis killed its lease worker.
 
 use super::clients::{Call, Outcome};
 use crate::loss::worker_of;
@@ -210,11 +211,22 @@ fn check_order(calls: &[Call], worker_id: i64, finding: &mut Finding) {
 /// The log line of the postmaster for a lease worker ended by the nemesis's SIGKILL.
 const LEASE_WORKER_KILLED: &str = "background worker \"snowid lease worker\" (PID ";
 
+/// The postmaster's log line for every crash-restart it starts, whatever ended the process.
+const CRASH_RESTART: &str = "terminating any other active server processes";
+
 /// Every process of a node that ended by a signal or a PANIC must be one of its lease workers that
-/// the nemesis killed, and no more of them than it killed.
+/// the nemesis killed, and no more of them than it killed; and the server restarted after a crash
+/// no more often than that.
 fn check_log(node: &NodeLog, finding: &mut Finding) {
     let mut lease_worker_kills = 0;
+    let mut crash_restarts = 0;
     for line in node.log.lines() {
+        if line.contains(CRASH_RESTART) {
+            crash_restarts += 1;
+            if crash_restarts > node.lease_worker_kills {
+                finding.add(|| format!("{}: {line}", node.name));
+            }
+        }
         let killed_lease_worker = line.contains(LEASE_WORKER_KILLED)
             && line.ends_with("was terminated by signal 9: Killed");
         if killed_lease_worker {

@@ -23,7 +23,7 @@ pub struct Node {
     pub worker_id: u16,
     /// Held while pg_ctl starts the server and while its clock is stepped: pg_ctl, under the same
     /// clock, takes a server whose start time is more than 2 s before its own for an old one.
-    pub starting: Mutex<()>,
+    pub pg_ctl_or_clock: Mutex<()>,
 }
 
 /// A PostgreSQL registry: a primary and its synchronous standby, which trade places at a failover.
@@ -42,7 +42,7 @@ pub struct Fleet {
     pub nodes: Vec<Node>,
     pub registry: RegistryServers,
     registry_hosts: Vec<Host>,
-    /// Where etcd keeps its data.
+    /// The run's directory, where the servers and etcd keep their data.
     dir: PathBuf,
     // Dropped last, once every server on its hosts has stopped; it deletes `dir` and the servers'
     // directories under it.
@@ -70,6 +70,8 @@ impl Fleet {
                     format!("snowid.registry = '{setting}'"),
                     format!("snowid.lease_ttl = {LEASE_TTL_S}"),
                     format!("snowid.max_clock_backward = {MAX_CLOCK_BACKWARD_MS}"),
+                    // The log check reads PostgreSQL's own messages, in English.
+                    "lc_messages = 'C'".to_string(),
                 ];
                 let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
                 let cluster =
@@ -85,7 +87,7 @@ impl Fleet {
                     host,
                     cluster,
                     worker_id,
-                    starting: Mutex::new(()),
+                    pg_ctl_or_clock: Mutex::new(()),
                 }
             })
             .collect();
@@ -116,7 +118,7 @@ impl Fleet {
             Fault::Crash => {
                 cluster.kill_postmaster();
                 std::thread::sleep(lasts);
-                let _starting = lock(&node.starting);
+                let _pg_ctl = lock(&node.pg_ctl_or_clock);
                 cluster.start_again();
             }
             Fault::ImmediateRestart | Fault::CleanRestart => {
@@ -125,7 +127,7 @@ impl Fleet {
                 } else {
                     "immediate"
                 };
-                let _starting = lock(&node.starting);
+                let _pg_ctl = lock(&node.pg_ctl_or_clock);
                 cluster.restart_in_mode(mode);
             }
             Fault::PauseNode => {
@@ -135,16 +137,19 @@ impl Fleet {
                 signal_each(&processes, "-CONT");
             }
             Fault::PauseLeaseWorker | Fault::KillLeaseWorker => {
-                let Some(pid) = lease_worker(cluster) else {
-                    return "no lease worker running: nothing done".into();
+                let pid = lease_worker(cluster).map(|pid| pid.to_string());
+                // The worker may exit between the look and the signal.
+                let Some(pid) =
+                    pid.filter(|pid| signal_each(std::slice::from_ref(pid), "-STOP") == 1)
+                else {
+                    return NOTHING_DONE.into();
                 };
                 if fault == Fault::KillLeaseWorker {
-                    signal(pid, "-KILL");
+                    signal_each(std::slice::from_ref(&pid), "-KILL");
                 } else {
-                    signal(pid, "-STOP");
                     std::thread::sleep(lasts);
-                    signal(pid, "-CONT");
                 }
+                signal_each(&[pid], "-CONT");
             }
             Fault::ClockBack { .. } | Fault::ClockForward { .. } => {
                 unreachable!("clock faults are made by the run, which records them")
@@ -160,12 +165,12 @@ impl Fleet {
         String::new()
     }
 
-    /// Undoes whatever a fault that failed halfway may have left in force: stopped processes,
-    /// partitions, moved clocks.
+    /// Undoes what a fault that failed halfway may have left in force: stopped processes,
+    /// partitions, moved clocks (not a server left down or a failover left half done).
     pub fn undo_everything(&self) {
         self.network.resume_all();
         for node in &self.nodes {
-            let _starting = lock(&node.starting);
+            let _pg_ctl = lock(&node.pg_ctl_or_clock);
             node.cluster.set_clock_offset("+0");
         }
     }
@@ -374,9 +379,18 @@ fn lease_worker(cluster: &Cluster) -> Option<u32> {
     None
 }
 
-/// Sends `how` to each of `pids`; one that has exited since it was listed is passed over.
-fn signal_each(pids: &[String], how: &str) {
-    for pid in pids {
-        let _ = std::process::Command::new("kill").args([how, pid]).output();
-    }
+/// Sends `how` to each of `pids`; one that has exited since it was listed is passed over. How many
+/// got it.
+fn signal_each(pids: &[String], how: &str) -> usize {
+    pids.iter()
+        .filter(|pid| {
+            std::process::Command::new("kill")
+                .args([how, pid.as_str()])
+                .output()
+                .is_ok_and(|output| output.status.success())
+        })
+        .count()
 }
+
+/// The note of a fault on a lease worker that found none to strike.
+pub const NOTHING_DONE: &str = "no lease worker running: nothing done";

@@ -102,7 +102,7 @@ pub fn run(options: &Options) -> bool {
                 let (struck, clock_changes) = (&struck, &clock_changes);
                 scope.spawn(move || {
                     // A fault that panics stops every channel at its next fault.
-                    let guard = StopOnPanic(stop);
+                    let _stop_on_panic = StopOnPanic(stop);
                     for planned in faults {
                         if !sleep_until(started + planned.at, stop) {
                             break;
@@ -132,7 +132,6 @@ pub fn run(options: &Options) -> bool {
                             note,
                         });
                     }
-                    std::mem::forget(guard);
                 })
             })
             .collect();
@@ -175,12 +174,14 @@ pub fn run(options: &Options) -> bool {
     report::write(&options.report, &history, &fleet)
 }
 
-/// Sets its flag when dropped, which a channel's thread does only when a fault panics.
+/// Sets its flag when dropped while its thread panics.
 struct StopOnPanic<'a>(&'a AtomicBool);
 
 impl Drop for StopOnPanic<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -208,7 +209,7 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 
 /// Steps the clock of `planned`'s node by `by_ms`, waits the fault's length, and steps it back;
 /// records both changes for the checker. Never while pg_ctl starts the node (see
-/// [`fleet::Node::starting`]).
+/// [`fleet::Node::pg_ctl_or_clock`]).
 fn step_clock(
     fleet: &Fleet,
     planned: Planned,
@@ -217,7 +218,7 @@ fn step_clock(
 ) -> String {
     let node = planned.channel.node().expect("a node's clock");
     let set = |before_ms: i64, after_ms: i64| {
-        let _starting = lock(&fleet.nodes[node].starting);
+        let _pg_ctl = lock(&fleet.nodes[node].pg_ctl_or_clock);
         let from_us = unix_us();
         let seconds = format!("{:+}", after_ms as f64 / 1000.0);
         fleet.nodes[node].cluster.set_clock_offset(&seconds);

@@ -5,7 +5,7 @@
 
 use super::checker::{self, NodeLog, Verdict};
 use super::clients::{Call, Outcome};
-use super::fleet::Fleet;
+use super::fleet::{Fleet, NOTHING_DONE};
 use super::schedule::{node_name, Channel, Fault};
 use super::{History, QUIET_END};
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +47,7 @@ pub fn write(dir: &Path, history: &History, fleet: &Fleet) -> bool {
                 .iter()
                 .filter(|fault| fault.planned.channel.node() == Some(node))
                 .filter(|fault| fault.planned.fault == Fault::KillLeaseWorker)
+                .filter(|fault| fault.note != NOTHING_DONE)
                 .count(),
         })
         .collect();

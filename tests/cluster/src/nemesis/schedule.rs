@@ -68,7 +68,7 @@ impl fmt::Display for Channel {
     }
 }
 
-/// The name of node `index` in reports: n1, n2, n3.
+/// The name of node `index` in reports: n1 to n4.
 pub fn node_name(index: usize) -> String {
     format!("n{}", index + 1)
 }
