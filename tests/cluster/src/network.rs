@@ -70,7 +70,7 @@ impl Network {
     /// The directory for what the servers of this run keep on disk, named after this process so
     /// that a later run deletes it if this one is killed.
     pub fn directory(&self) -> std::path::PathBuf {
-        std::env::temp_dir().join(self.prefix.trim_end_matches('-'))
+        run_directory(std::process::id())
     }
 
     /// A new host named `name` at 10.213.0.`number`, reachable from every other host.
@@ -109,18 +109,8 @@ impl Network {
     /// that failed halfway may have left.
     pub fn resume_all(&self) {
         for netns in &self.hosts {
-            let pids = Command::new("ip")
-                .args(["netns", "pids", netns])
-                .output()
-                .unwrap();
-            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-CONT", pid]).output();
-            }
-            let _ = Command::new("ip")
-                .args([
-                    "netns", "exec", netns, "nft", "delete", "table", "inet", TABLE,
-                ])
-                .output();
+            signal_namespace(netns, "-CONT");
+            let _ = heal_namespace(netns);
         }
     }
 
@@ -146,14 +136,19 @@ impl Drop for Network {
 /// Ends whatever still runs in `netns` (stopped processes included), then deletes it: a
 /// namespace lives on, nameless, while a process runs in it.
 fn delete_namespace(netns: &str) {
+    signal_namespace(netns, "-KILL");
+    let _ = Command::new("ip").args(["netns", "delete", netns]).output();
+}
+
+/// Sends `how` to every process in `netns`.
+fn signal_namespace(netns: &str, how: &str) {
     let pids = Command::new("ip")
         .args(["netns", "pids", netns])
         .output()
         .unwrap();
     for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-        let _ = Command::new("kill").args(["-KILL", pid]).output();
+        let _ = Command::new("kill").args([how, pid]).output();
     }
-    let _ = Command::new("ip").args(["netns", "delete", netns]).output();
 }
 
 /// Cuts `host` off from `others`, both ways, until [`heal`]; replaces a cut already in force.
@@ -189,23 +184,36 @@ pub fn partition(host: &Host, others: &[&Host]) {
 
 /// Removes the cut [`partition`] made on `host`, if any.
 pub fn heal(host: &Host) {
-    let output = host
-        .command("nft")
-        .args(["delete", "table", "inet", TABLE])
+    if let Err(error) = heal_namespace(&host.netns) {
+        panic!("nft could not heal {}: {error}", host.netns);
+    }
+}
+
+/// Deletes the table of a partition in `netns`; there being none is no error.
+fn heal_namespace(netns: &str) -> Result<(), String> {
+    let output = Command::new("ip")
+        .args([
+            "netns", "exec", netns, "nft", "delete", "table", "inet", TABLE,
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() || stderr.contains("No such file or directory"),
-        "nft could not heal {}: {stderr}",
-        host.netns
-    );
+    if output.status.success() || stderr.contains("No such file or directory") {
+        Ok(())
+    } else {
+        Err(stderr.into_owned())
+    }
 }
 
 /// The nftables table that holds a host's partition.
 const TABLE: &str = "snowid_nemesis";
 
 const NAMESPACE_PREFIX: &str = "snowid-nemesis-";
+
+/// The directory of the run of process `pid`.
+fn run_directory(pid: impl std::fmt::Display) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{NAMESPACE_PREFIX}{pid}"))
+}
 
 fn ip(args: &[&str]) {
     let output = Command::new("ip").args(args).output().expect("ip runs");
@@ -229,8 +237,7 @@ fn remove_leftovers() {
         let pid = rest.split('-').next().unwrap_or_default();
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             delete_namespace(name);
-            let directory = std::env::temp_dir().join(format!("{NAMESPACE_PREFIX}{pid}"));
-            let _ = std::fs::remove_dir_all(directory);
+            let _ = std::fs::remove_dir_all(run_directory(pid));
         }
     }
 }

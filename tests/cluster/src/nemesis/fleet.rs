@@ -7,7 +7,7 @@ use super::schedule::{node_name, Fault, Registry, MAX_CLOCK_BACKWARD_MS, NODES};
 use crate::etcd::{signal, EtcdCluster};
 use crate::network::{self, Host, Network};
 use crate::{try_lease_worker_pid, wait_for_lease_state, Cluster};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -42,10 +42,8 @@ pub struct Fleet {
     pub nodes: Vec<Node>,
     pub registry: RegistryServers,
     registry_hosts: Vec<Host>,
-    /// The run's directory, where the servers and etcd keep their data.
-    dir: PathBuf,
-    // Dropped last, once every server on its hosts has stopped; it deletes `dir` and the servers'
-    // directories under it.
+    // Dropped last, once every server on its hosts has stopped; it deletes the run's directory,
+    // where the servers and etcd keep their data.
     network: Network,
 }
 
@@ -95,7 +93,6 @@ impl Fleet {
             nodes,
             registry,
             registry_hosts,
-            dir,
             network,
         }
     }
@@ -191,7 +188,10 @@ impl Fleet {
             }
             RegistryServers::Etcd(etcd) => {
                 for member in &lock(etcd).members {
-                    let log = self.dir.join(format!("{}.log", member.name));
+                    let log = self
+                        .network
+                        .directory()
+                        .join(format!("{}.log", member.name));
                     let text = std::fs::read_to_string(log).unwrap_or_default();
                     logs.push((member.name.clone(), text));
                 }
