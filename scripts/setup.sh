@@ -37,7 +37,7 @@ pg_config_of() {
 # Prometheus (for promtool) for the monitoring tests; patchelf takes the runpath out of the Debian
 # package's library; nftables makes the fault schedule's network partitions.
 packages=(postgresql-15 postgresql-server-dev-15 libpq-dev libcurl4-openssl-dev curl openssl clang libclang-dev pkg-config libssl-dev
-    faketime sudo make bzip2 bison flex libicu-dev zlib1g-dev postgresql-15-partman
+    sudo make bzip2 bison flex libicu-dev zlib1g-dev postgresql-15-partman
     patroni etcd-server etcd-client prometheus-postgres-exporter prometheus patchelf nftables iproute2)
 # The client examples (clients/) run under Node.js with npm and Python with venv; Debian's serve
 # where the machine has neither.

@@ -18,12 +18,15 @@ use postgres::{Client, NoTls};
 use std::collections::HashSet;
 use std::fs;
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// The library preloaded into a server whose wall clock the tests move (`fake_clock.c`, built by
+/// `build.rs`).
+const FAKE_CLOCK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fake_clock.so"));
 
 pub struct Cluster {
     pub port: u16,
@@ -210,6 +213,9 @@ impl Cluster {
         )
         .unwrap();
         if fake_clock {
+            let library = cluster.dir.join("fake_clock.so");
+            fs::write(&library, FAKE_CLOCK).unwrap();
+            fs::set_permissions(&library, fs::Permissions::from_mode(0o755)).unwrap();
             let file = cluster.dir.join("clock-offset");
             fs::write(&file, "+0\n").unwrap();
             chown_to_postgres(&file);
@@ -615,13 +621,13 @@ impl Cluster {
         )
     }
 
-    /// Moves the server's wall clock: `offset` is libfaketime's, in seconds, such as "-10" or "-0.002".
+    /// Moves the server's wall clock: `offset` is in seconds, with a sign, such as "-10" or "-0.002".
     pub fn set_clock_offset(&self, offset: &str) {
         let file = self
             .clock_offset_file
             .as_ref()
             .expect("a cluster started with a fake clock");
-        // libfaketime reads the file at every clock reading: a new file is moved into place, so
+        // The fake clock reads the file at every clock reading: a new file is moved into place, so
         // that no reading finds it half written.
         let new = file.with_extension("new");
         fs::write(&new, format!("{offset}\n")).unwrap();
@@ -755,10 +761,8 @@ impl Cluster {
         let mut env = vec![];
         if let Some(file) = &self.clock_offset_file {
             env = vec![
-                format!("LD_PRELOAD={LIBFAKETIME}"),
-                format!("FAKETIME_TIMESTAMP_FILE={}", file.display()),
-                "FAKETIME_NO_CACHE=1".to_string(),
-                "FAKETIME_DONT_FAKE_MONOTONIC=1".to_string(),
+                format!("LD_PRELOAD={}", self.dir.join("fake_clock.so").display()),
+                format!("FAKE_CLOCK_FILE={}", file.display()),
             ];
         }
         env.extend(self.environment.iter().cloned());
@@ -961,7 +965,6 @@ const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
 /// Tests run as processes side by side, so a reservation is a lock on a file named for the port,
 /// which the kernel releases when the process ends, however it ends.
 pub fn free_port() -> u16 {
-    use std::os::unix::fs::PermissionsExt;
     static RESERVED: std::sync::Mutex<Vec<fs::File>> = std::sync::Mutex::new(Vec::new());
     let dir = std::env::temp_dir().join("snowid-test-ports");
     if fs::create_dir(&dir).is_ok() {
@@ -1004,7 +1007,6 @@ pub fn host_name() -> String {
 /// Hands a file the tests wrote to the server's user, with `mode`: servers refuse key files and
 /// libpq ignores password files that others may read, so those take 0o600.
 pub fn give_to_postgres(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
     chown_to_postgres(path);
 }

@@ -1,4 +1,4 @@
-//! Real clock steps on a running server, made with libfaketime.
+//! Real clock steps on a running server, made with the tests' fake clock (`fake_clock.c`).
 
 use snowid_cluster_tests::{clock_behind_ms, error_text, Cluster};
 
@@ -23,13 +23,14 @@ fn counters(client: &mut postgres::Client) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
-/// A server whose clock libfaketime moves, holding its lease, with `step_then_next` created.
+/// A server whose clock the test moves, holding its lease, with `step_then_next` created.
 fn issuing_with_fake_clock(name: &str) -> (Cluster, postgres::Client) {
     let cluster = Cluster::start_with_fake_clock(
         name,
         &[
             "shared_preload_libraries = 'snowid'",
             "snowid.worker_id = 17",
+            "snowid.max_clock_backward = 200",
         ],
     );
     let mut client = cluster.connect();
@@ -51,10 +52,11 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
         .query_one("SELECT * FROM step_then_next($1, '+0')", &[&offset_file])
         .unwrap();
     assert_eq!(counters(&mut client), (0, 0));
-    // 4 ms back, within snowid.max_clock_backward (5 ms): waited out.
+    // 150 ms back, within snowid.max_clock_backward (200 ms): waited out. The step is long enough
+    // for the COPY to end within it on a loaded machine.
     let row = client
         .query_one(
-            "SELECT * FROM step_then_next($1, '-0.004')",
+            "SELECT * FROM step_then_next($1, '-0.150')",
             &[&offset_file],
         )
         .unwrap();
@@ -62,10 +64,10 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
     assert!(after > before);
     assert_eq!(counters(&mut client), (1, 0));
 
-    // 10 s back: refused, counted and logged, and refused again while the clock stays behind.
+    // 10 s further back: refused, counted and logged, and refused again while the clock stays behind.
     let error = client
         .query_one(
-            "SELECT * FROM step_then_next($1, '-10.002')",
+            "SELECT * FROM step_then_next($1, '-10.150')",
             &[&offset_file],
         )
         .unwrap_err();

@@ -148,6 +148,14 @@ fn an_id_later_than_its_nodes_clock_fails_unless_the_clock_was_set_ahead() {
     let ahead = vec![issued(0, NOW_MS, NOW_MS + 1, &[id(NOW_MS + 500, 1, 0)])];
     let verdict = check(&ahead, &[1], &[], &[]);
     assert_eq!(verdict.from_the_future.count, 1);
+    // The millisecond the call was answered in is the latest an id may carry.
+    let at_the_clock = vec![issued(0, NOW_MS, NOW_MS + 1, &[id(NOW_MS + 1, 1, 0)])];
+    assert!(check(&at_the_clock, &[1], &[], &[]).passed());
+    let one_ms_later = vec![issued(0, NOW_MS, NOW_MS + 1, &[id(NOW_MS + 2, 1, 0)])];
+    assert_eq!(
+        check(&one_ms_later, &[1], &[], &[]).from_the_future.count,
+        1
+    );
     // The node's clock was 600 ms ahead while the call ran: the id is in its past.
     let set_ahead = ClockChange {
         node: 0,

@@ -127,9 +127,8 @@ pub fn check(
                             format!("{id} has worker id {}: {}", worker_of(id), describe(call))
                         });
                     }
-                    // The client's clock is in microseconds, an id's time in milliseconds; one
-                    // microsecond more covers the rounding of libfaketime's fractional offsets.
-                    if unix_ms_of(id) * 1000 > clock_us + 1 {
+                    // The client's clock is in microseconds, an id's time in milliseconds.
+                    if unix_ms_of(id) * 1000 > clock_us {
                         verdict.from_the_future.add(|| {
                             format!(
                                 "{id} is {} µs ahead of the node's clock: {}",
