@@ -1,8 +1,10 @@
 //! The SQL functions: thin wrappers over `layout`, `base32`, `generator` and `refusals`.
 
+use crate::clock::{Clock, SystemClock};
 use crate::errors::SnowidError;
-use crate::generator::{Clock, IssuingState, Refusal, StampRun, SystemClock, Waiter};
+use crate::generator::{IssuingState, StampRun, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
+use crate::refusals::Refusal;
 use crate::refusals::{Attempt, Reason};
 use crate::{base32, gucs, registry, shmem};
 use pgrx::prelude::*;

@@ -12,8 +12,9 @@
 //!   wrong, and retrying the same call fails the same way.
 
 use crate::base32::{self, InvalidBase32};
-use crate::generator::{Clock, Refusal, SystemClock};
+use crate::clock::{Clock, SystemClock};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
+use crate::refusals::Refusal;
 use crate::{gucs, lease, shmem};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};

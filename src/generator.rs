@@ -20,12 +20,11 @@
 //! [`Grant::moves_up_to_ms`]) sleeps until the worker has moved it, or until the lease's deadline,
 //! where it is refused.
 
-use crate::layout::{
-    self, TimestampOutOfRange, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS,
-};
-use crate::refusals::Refusals;
+use crate::clock::Clock;
+use crate::layout::{self, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS};
+use crate::refusals::{Refusal, Refusals};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// How long, beyond the permitted step back, a wait may last before the wall clock counts as stuck.
 const STALLED_CLOCK_MS: u64 = 10;
@@ -36,31 +35,6 @@ const STALLED_CLOCK_MS: u64 = 10;
 const CEILING_POLL: Duration = Duration::from_millis(5);
 const CEILING_POLL_MAX: Duration = Duration::from_millis(80);
 
-pub trait Clock {
-    /// Wall-clock time in Unix milliseconds; this is what goes into ids.
-    fn unix_millis(&self) -> i64;
-    /// Nanoseconds of a clock that never steps and is the same in every process of the machine
-    /// (CLOCK_MONOTONIC): it bounds waits and times the lease.
-    fn monotonic_ns(&self) -> u64;
-}
-
-/// The server's clocks.
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn unix_millis(&self) -> i64 {
-        match SystemTime::now().duration_since(UNIX_EPOCH) {
-            Ok(since) => since.as_millis() as i64,
-            Err(before) => -(before.duration().as_millis() as i64),
-        }
-    }
-
-    fn monotonic_ns(&self) -> u64 {
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
-    }
-}
-
 /// How a caller waits: in the server, on its latch, ending the statement when it is cancelled, times
 /// out or is terminated.
 pub trait Waiter {
@@ -68,28 +42,6 @@ pub trait Waiter {
     fn sleep(&self, duration: Duration);
     /// Called on every turn of a spin.
     fn check_interrupts(&self);
-}
-
-/// Why no id can be issued now. Every refusal is temporary: retrying once the clock is right, or the
-/// lease is back, succeeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// This server does not hold a lease on a worker id that lets it issue now: the gate is closed,
-    /// or the lease's deadline has passed.
-    NotLeased,
-    /// The lease holds, but the clock has reached the bound of its grant, which the lease worker
-    /// does not move on by itself: a ceiling it could not record, or a reservation the clock ran
-    /// past.
-    BoundReached,
-    /// The clock reads `by_ms` milliseconds earlier than the ids already issued allow.
-    ClockBehind { by_ms: u64 },
-    /// The lease was just taken and the clock is `by_ms` milliseconds short of its floor: the ids
-    /// issued before under the worker id may reach that far.
-    BelowFloor { by_ms: u64 },
-    /// The clock stayed on a millisecond whose ids are all used for `waited_ms` milliseconds.
-    ClockStalled { waited_ms: u64 },
-    /// The clock reads a time the layout cannot hold.
-    ClockOutOfRange(TimestampOutOfRange),
 }
 
 /// Consecutive stamps of one millisecond, claimed together under one worker id.
@@ -482,7 +434,8 @@ fn wait_for_clock(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{stamp, EPOCH_UNIX_MS, MAX_MILLIS};
+    use crate::clock::SystemClock;
+    use crate::layout::{stamp, TimestampOutOfRange, EPOCH_UNIX_MS, MAX_MILLIS};
     use proptest::prelude::*;
     use std::cell::{Cell, RefCell};
     use std::collections::VecDeque;

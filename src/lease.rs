@@ -310,7 +310,7 @@ pub fn refusal_detail(status: &Status) -> Option<&'static str> {
 }
 
 /// Why the lease holds and still no id passes: the clock reached the bound of the grant, which
-/// the lease worker does not move on by itself (see `generator::Refusal::BoundReached`).
+/// the lease worker does not move on by itself (see `refusals::Refusal::BoundReached`).
 pub fn bound_reason(status: &Status, worker_id: Option<u16>) -> String {
     let worker_id = worker_id.map_or("a worker id".to_string(), |id| format!("worker id {id}"));
     match status.ceiling_error.as_str() {

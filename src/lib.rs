@@ -9,6 +9,7 @@ mod api;
 mod base32;
 mod ceiling;
 mod claimant;
+mod clock;
 mod conninfo;
 mod errors;
 mod etcd;

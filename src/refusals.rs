@@ -2,9 +2,31 @@
 //! server log gets one WARNING when refusing begins (or changes cause) and one LOG when issuing
 //! resumes, however many calls were refused between. Plain atomics, for shared memory.
 
-use crate::generator::Refusal;
+use crate::layout::TimestampOutOfRange;
 use crate::lease::State;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why no id can be issued now. Every refusal is temporary: retrying once the clock is right, or the
+/// lease is back, succeeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// This server does not hold a lease on a worker id that lets it issue now: the gate is closed,
+    /// or the lease's deadline has passed.
+    NotLeased,
+    /// The lease holds, but the clock has reached the bound of its grant, which the lease worker
+    /// does not move on by itself: a ceiling it could not record, or a reservation the clock ran
+    /// past.
+    BoundReached,
+    /// The clock reads `by_ms` milliseconds earlier than the ids already issued allow.
+    ClockBehind { by_ms: u64 },
+    /// The lease was just taken and the clock is `by_ms` milliseconds short of its floor: the ids
+    /// issued before under the worker id may reach that far.
+    BelowFloor { by_ms: u64 },
+    /// The clock stayed on a millisecond whose ids are all used for `waited_ms` milliseconds.
+    ClockStalled { waited_ms: u64 },
+    /// The clock reads a time the layout cannot hold.
+    ClockOutOfRange(TimestampOutOfRange),
+}
 
 /// Why a call got no id, as monitoring names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,8 @@
 
 use crate::ceiling::Ceiling;
 use crate::claimant::Claimant;
-use crate::generator::{Clock, Grant, IssuingState, SystemClock};
+use crate::clock::{Clock, SystemClock};
+use crate::generator::{Grant, IssuingState};
 use crate::lease::{self, Claim, State, Text, Timing};
 use crate::registry::{Held, Registry};
 use crate::signals::{self, sleep_unless_stopped};

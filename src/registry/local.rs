@@ -2,7 +2,7 @@
 //! superuser, each call in a transaction of its own.
 
 use super::Param;
-use crate::generator::{Clock, SystemClock};
+use crate::clock::{Clock, SystemClock};
 use crate::lease::{self, ClaimRow, State, Text};
 use crate::shmem;
 use crate::signals::sleep_unless_stopped;
