@@ -6,7 +6,7 @@ use crate::generator::{IssuingState, StampRun, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
 use crate::refusals::Refusal;
 use crate::refusals::{Attempt, Reason};
-use crate::{base32, gucs, registry, shmem};
+use crate::{base32, gucs, registry, server, shmem};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -59,13 +59,13 @@ impl Issuer {
     }
 
     fn claim(&self, wanted: u32) -> StampRun {
-        if !shmem::postmaster_alive() {
+        if !server::postmaster_alive() {
             SnowidError::PostmasterGone.fatal(self.function)
         }
         let attempt = self.state.refusals().attempt();
         let issued = self.state.issue(
             &SystemClock,
-            &shmem::LatchWaiter,
+            &server::LatchWaiter,
             wanted,
             gucs::max_clock_backward_ms(),
         );
@@ -81,7 +81,7 @@ impl Issuer {
                 run
             }
             Err(refusal) => {
-                let in_recovery = refusal == Refusal::NotLeased && shmem::in_recovery();
+                let in_recovery = refusal == Refusal::NotLeased && server::in_recovery();
                 let reason = Reason::of(refusal, in_recovery, shmem::lease_status().state);
                 let error = if in_recovery {
                     SnowidError::InRecovery
@@ -164,7 +164,7 @@ fn snowid_wait_ready(timeout: default!(Interval, "'30 seconds'")) -> bool {
         if waited >= timeout {
             return false;
         }
-        shmem::LatchWaiter.sleep(READY_POLL.min(timeout - waited));
+        server::LatchWaiter.sleep(READY_POLL.min(timeout - waited));
     }
 }
 
@@ -315,7 +315,7 @@ fn snowid_status() -> TableIterator<
         count(state.refusals().total()),
         !lease_left.is_zero(),
         lease_left.as_secs_f64(),
-        shmem::in_recovery(),
+        server::in_recovery(),
         text(lease.worker_id_held_by.as_str()),
     ))
 }

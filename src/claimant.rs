@@ -1,7 +1,7 @@
 //! Who claims a lease: this server, told apart from every other server and from every copy of its
 //! data directory. The registries send it with each claim; the ceiling file records it.
 
-use crate::{lease, shmem};
+use crate::{lease, server, shmem};
 use pgrx::prelude::*;
 
 /// Who claims the lease.
@@ -19,7 +19,7 @@ pub struct Claimant {
 
 impl Claimant {
     pub fn of_this_server() -> Claimant {
-        let server = shmem::server_identity();
+        let server = server::server_identity();
         let place = data_directory_identity(&server.data_directory).unwrap_or_else(|error| {
             error!("snowid lease worker cannot read the data directory: {error}")
         });

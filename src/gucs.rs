@@ -79,7 +79,7 @@ pub fn register() {
         GucContext::Postmaster,
         GucFlags::SUPERUSER_ONLY,
     );
-    crate::shmem::reserve_setting_prefix(c"snowid");
+    crate::server::reserve_setting_prefix(c"snowid");
 }
 
 pub fn worker_id() -> Option<u16> {

@@ -325,7 +325,7 @@ impl Connection {
             if woke & pg_sys::WL_LATCH_SET != 0 {
                 // SAFETY: resetting this process's own latch before looking at what set it.
                 unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
-                crate::shmem::absorb_barriers();
+                crate::server::absorb_barriers();
                 if stop() {
                     return Err(Failure::Stopped);
                 }

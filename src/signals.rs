@@ -5,7 +5,7 @@
 //! lease and ends. Sent to the worker alone (`pg_terminate_backend`), it leaves at once with a
 //! status that makes the postmaster start a new worker, which renews the same lease.
 
-use crate::{lease, shmem};
+use crate::{lease, server};
 use pgrx::bgworkers::BackgroundWorker;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +23,7 @@ pub fn shutting_down() -> bool {
 /// died).
 pub fn wait(duration: Duration) -> bool {
     if !shutting_down() && BackgroundWorker::wait_latch(Some(duration)) {
-        shmem::absorb_barriers();
+        server::absorb_barriers();
         return true;
     }
     note_sigterm();
@@ -64,12 +64,12 @@ fn note_sigterm() {
 /// Ends the worker for a new one to take over, unless the whole server is shutting down.
 pub fn leave_unless_server_stopping() {
     if !server_stopping() {
-        shmem::exit_for_restart();
+        server::exit_for_restart();
     }
 }
 
 /// Whether the postmaster is shutting down, rather than someone terminating this worker alone.
 fn server_stopping() -> bool {
-    let pid_file = Path::new(&shmem::server_identity().data_directory).join("postmaster.pid");
+    let pid_file = Path::new(&server::server_identity().data_directory).join("postmaster.pid");
     std::fs::read_to_string(pid_file).is_ok_and(|text| lease::postmaster_stopping(&text))
 }

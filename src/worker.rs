@@ -19,7 +19,7 @@ use crate::generator::{Grant, IssuingState};
 use crate::lease::{self, Claim, State, Text, Timing};
 use crate::registry::{Held, Registry};
 use crate::signals::{self, sleep_unless_stopped};
-use crate::{gucs, layout, shmem};
+use crate::{gucs, layout, server, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 /// Registers the worker with the postmaster, when there is a worker id to lease and the server is
 /// not being upgraded by pg_upgrade.
 pub fn register() {
-    if !gucs::leases_a_worker_id() || shmem::in_binary_upgrade() {
+    if !gucs::leases_a_worker_id() || server::in_binary_upgrade() {
         return;
     }
     BackgroundWorkerBuilder::new("snowid lease worker")
@@ -67,7 +67,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         return stop(state, None);
     };
     let configured = gucs::worker_id();
-    let data_directory = PathBuf::from(shmem::server_identity().data_directory);
+    let data_directory = PathBuf::from(server::server_identity().data_directory);
     let timing = gucs::lease_timing();
     let mut worker = LeaseWorker {
         state,
@@ -91,7 +91,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         slowness: Slowness::default(),
     };
     let mut next_look_ns = 0;
-    while shmem::in_recovery() {
+    while server::in_recovery() {
         if SystemClock.monotonic_ns() >= next_look_ns {
             worker.watch_as_standby();
             next_look_ns =
@@ -294,7 +294,7 @@ impl LeaseWorker {
                     .recorded
                     .as_ref()
                     .filter(|ceiling| {
-                        ceiling.worker_id == worker_id && ceiling.timeline == shmem::timeline()
+                        ceiling.worker_id == worker_id && ceiling.timeline == server::timeline()
                     })
                     .map(|ceiling| ceiling.below_ms);
                 let applied_tenure = shmem::lease_status().applied_tenure;
@@ -417,7 +417,7 @@ impl LeaseWorker {
                 .max(held.ceiling_ms);
             let ceiling = Ceiling {
                 holder: self.me.holder.clone(),
-                timeline: shmem::timeline(),
+                timeline: server::timeline(),
                 worker_id: held.worker_id,
                 below_ms: wanted,
             };
@@ -484,7 +484,7 @@ impl LeaseWorker {
         if self.timing.ceiling_lead.is_some() {
             let ceiling = Ceiling {
                 holder: self.me.holder.clone(),
-                timeline: shmem::timeline(),
+                timeline: server::timeline(),
                 worker_id,
                 below_ms: high_water_ms,
             };

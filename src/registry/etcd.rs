@@ -8,8 +8,8 @@ use crate::etcd::gateway::Failure;
 use crate::etcd::setting::Setting;
 use crate::etcd::{Etcd, Held, Request};
 use crate::lease::{ClaimRow, OtherHolderIs, Text, Timing};
-use crate::shmem;
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
+use crate::{server, shmem};
 use pgrx::bgworkers::BackgroundWorker;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -118,7 +118,7 @@ pub fn description(registry: &str) -> String {
 }
 
 fn stop() -> bool {
-    shmem::absorb_barriers();
+    server::absorb_barriers();
     sigterm_arrived()
 }
 

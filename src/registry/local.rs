@@ -4,8 +4,8 @@
 use super::Param;
 use crate::clock::{Clock, SystemClock};
 use crate::lease::{self, ClaimRow, State, Text};
-use crate::shmem;
 use crate::signals::sleep_unless_stopped;
+use crate::{server, shmem};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
@@ -133,12 +133,12 @@ impl Param {
 fn await_database(database: &str) -> Option<()> {
     BackgroundWorker::connect_worker_to_spi(None, None);
     loop {
-        if in_transaction(|| Ok(shmem::database_exists(database))) == Ok(true) {
+        if in_transaction(|| Ok(server::database_exists(database))) == Ok(true) {
             shmem::update_lease_status(|status| {
                 status.connect_pending = false;
                 status.worker_started_ns = 0;
             });
-            shmem::exit_for_restart();
+            server::exit_for_restart();
         }
         shmem::update_lease_status(|status| {
             if status.state != State::Starting {
@@ -162,7 +162,7 @@ fn in_transaction<T>(body: impl FnOnce() -> Result<T, String>) -> Result<T, Stri
     let body = AssertUnwindSafe(body);
     PgTryBuilder::new(AssertUnwindSafe(|| BackgroundWorker::transaction(body)))
         .catch_others(|error| {
-            shmem::abort_transaction();
+            server::abort_transaction();
             Err(match error {
                 CaughtError::PostgresError(report)
                 | CaughtError::ErrorReport(report)

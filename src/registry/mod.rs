@@ -13,7 +13,7 @@ use crate::etcd::setting::is_etcd;
 pub use crate::etcd::Held;
 use crate::gucs;
 use crate::lease::{self, Claim, ClaimRow, OtherHolderIs, Timing};
-use crate::shmem;
+use crate::server;
 
 pub enum Registry {
     Local(local::Local),
@@ -86,7 +86,7 @@ impl Registry {
             // lease be taken over.
             params.push(Param::Bool(!self.is_local()));
         }
-        params.push(Param::Big(i64::from(shmem::timeline())));
+        params.push(Param::Big(i64::from(server::timeline())));
         let row: ClaimRow = match self {
             Registry::Local(local) => local.claim(sql, &params)?,
             Registry::Remote(remote) => remote.claim(sql, &params, (holding_sql, holding))?,
@@ -138,7 +138,7 @@ impl Registry {
             Param::Text(me.holder.clone()),
             Param::Text(me.incarnation.clone()),
             Param::Big(high_water_ms as i64),
-            Param::Big(i64::from(shmem::timeline())),
+            Param::Big(i64::from(server::timeline())),
         ];
         match self {
             Registry::Local(local) => local.release(&params),
