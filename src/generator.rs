@@ -23,6 +23,7 @@
 use crate::clock::Clock;
 use crate::layout::{self, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS};
 use crate::refusals::{Refusal, Refusals};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -179,44 +180,11 @@ impl IssuingState {
             let last = self.last_stamp.load(Ordering::Acquire);
             let now = clock_millis(clock)?;
             match next(last, now, wanted) {
-                Next::Claim(mut run) => {
-                    // After the wall clock was read, so that `close_gate` can bound what slips past.
-                    let gate = self.gate.load(Ordering::SeqCst);
-                    let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
-                    let monotonic_ns = clock.monotonic_ns();
-                    if monotonic_ns >= deadline_ns {
-                        return Err(Refusal::NotLeased);
-                    }
-                    if now >= gate >> WORKER_ID_BITS {
-                        if now >= self.gate_moves_up_to_ms.load(Ordering::SeqCst) {
-                            return Err(Refusal::BoundReached);
-                        }
-                        let poll = match ceiling_poll {
-                            None => {
-                                self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
-                                CEILING_POLL
-                            }
-                            Some(poll) => (poll * 2).min(CEILING_POLL_MAX),
-                        };
-                        ceiling_poll = Some(poll);
-                        let until_deadline = Duration::from_nanos(deadline_ns - monotonic_ns);
-                        waiter.sleep(poll.min(until_deadline));
-                        continue;
-                    }
-                    run.worker_id = (gate & u64::from(MAX_WORKER_ID)) as u16;
-                    if self
-                        .last_stamp
-                        .compare_exchange_weak(
-                            last,
-                            run.last(),
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        )
-                        .is_ok()
+                Next::Claim(run) => {
+                    if let ControlFlow::Break(issued) =
+                        self.try_claim(clock, waiter, last, now, run, &mut ceiling_poll)
                     {
-                        self.ids_issued
-                            .fetch_add(u64::from(run.count), Ordering::Relaxed);
-                        return Ok(run);
+                        return issued;
                     }
                 }
                 Next::WaitForNextMilli => {
@@ -254,33 +222,90 @@ impl IssuingState {
                     );
                 }
                 Next::ClockBehind { by_ms } => {
-                    let caught_up = if by_ms > max_backward_ms {
-                        Err(Refusal::ClockBehind { by_ms })
-                    } else {
-                        let target = layout::stamp_millis(last);
-                        wait_for_clock(clock, waiter, target, max_backward_ms)
-                    };
-                    let counter = match caught_up {
-                        Ok(()) => &self.clock_backward_waits,
-                        Err(_) => &self.clock_backward_refusals,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    if let Err(refusal) = caught_up {
-                        // Nothing issued since a floor lifted the last stamp: the clock is short of
-                        // the floor, not stepped back from ids of this server's.
-                        let refusal = match refusal {
-                            Refusal::ClockBehind { by_ms }
-                                if last == self.grants.lifted_to.load(Ordering::Acquire) =>
-                            {
-                                Refusal::BelowFloor { by_ms }
-                            }
-                            other => other,
-                        };
-                        return Err(refusal);
-                    }
+                    self.wait_out_step_back(clock, waiter, last, by_ms, max_backward_ms)?
                 }
             }
         }
+    }
+
+    /// Claims `run` (stamps after `last`, in the millisecond `now`) if the gate lets it through, or
+    /// waits at the ceiling for the lease worker to move it on; `Continue` to read the clock again.
+    fn try_claim(
+        &self,
+        clock: &impl Clock,
+        waiter: &impl Waiter,
+        last: u64,
+        now: u64,
+        mut run: StampRun,
+        ceiling_poll: &mut Option<Duration>,
+    ) -> ControlFlow<Result<StampRun, Refusal>> {
+        // After the wall clock was read, so that `close_gate` can bound what slips past.
+        let gate = self.gate.load(Ordering::SeqCst);
+        let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
+        let monotonic_ns = clock.monotonic_ns();
+        if monotonic_ns >= deadline_ns {
+            return ControlFlow::Break(Err(Refusal::NotLeased));
+        }
+        if now >= gate >> WORKER_ID_BITS {
+            if now >= self.gate_moves_up_to_ms.load(Ordering::SeqCst) {
+                return ControlFlow::Break(Err(Refusal::BoundReached));
+            }
+            let poll = match *ceiling_poll {
+                None => {
+                    self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
+                    CEILING_POLL
+                }
+                Some(poll) => (poll * 2).min(CEILING_POLL_MAX),
+            };
+            *ceiling_poll = Some(poll);
+            let until_deadline = Duration::from_nanos(deadline_ns - monotonic_ns);
+            waiter.sleep(poll.min(until_deadline));
+            return ControlFlow::Continue(());
+        }
+        run.worker_id = (gate & u64::from(MAX_WORKER_ID)) as u16;
+        if self
+            .last_stamp
+            .compare_exchange_weak(last, run.last(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.ids_issued
+                .fetch_add(u64::from(run.count), Ordering::Relaxed);
+            return ControlFlow::Break(Ok(run));
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// The clock reads `by_ms` earlier than the last stamp, `last`: waits until it catches up if the
+    /// step is at most `max_backward_ms`, refuses otherwise; counted either way.
+    fn wait_out_step_back(
+        &self,
+        clock: &impl Clock,
+        waiter: &impl Waiter,
+        last: u64,
+        by_ms: u64,
+        max_backward_ms: u64,
+    ) -> Result<(), Refusal> {
+        let caught_up = if by_ms > max_backward_ms {
+            Err(Refusal::ClockBehind { by_ms })
+        } else {
+            let target = layout::stamp_millis(last);
+            wait_for_clock(clock, waiter, target, max_backward_ms)
+        };
+        let counter = match caught_up {
+            Ok(()) => &self.clock_backward_waits,
+            Err(_) => &self.clock_backward_refusals,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        caught_up.map_err(|refusal| match refusal {
+            // Nothing issued since a floor lifted the last stamp: the clock is short of the floor,
+            // not stepped back from ids of this server's.
+            Refusal::ClockBehind { by_ms }
+                if last == self.grants.lifted_to.load(Ordering::Acquire) =>
+            {
+                Refusal::BelowFloor { by_ms }
+            }
+            other => other,
+        })
     }
 
     /// Whether `issue` would claim a stamp now, without waiting for the clock: the clock reads a

@@ -367,18 +367,8 @@ pub fn format_unix_ms(unix_ms: i64) -> String {
 /// The registry's answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The lease is this server's. `mark_ms` is the row's high-water mark before the claim, above
-    /// which a new holder's ids start. `continued` says that this server held the row already, so
-    /// that nobody else issued under the worker id since; `renewal` that this run of it did.
-    Granted {
-        mark_ms: u64,
-        reserved_until_ms: u64,
-        expires_at: i64,
-        continued: bool,
-        renewal: bool,
-        /// When this run of the holder took the row (microseconds since 1970).
-        tenure: i64,
-    },
+    /// The lease is this server's.
+    Granted(Granted),
     /// Another server holds the lease, or `released` it while this server may be a copy of it.
     HeldByOther {
         holder: String,
@@ -392,6 +382,20 @@ pub enum Claim {
     /// The row's high-water mark lies beyond the last millisecond ids can hold: the worker id is
     /// spent, and issuing under it could only wrap around.
     MarkBeyondLayout { high_water_ms: u64 },
+}
+
+/// A lease granted to this server. `mark_ms` is the row's high-water mark before the claim, above
+/// which a new holder's ids start. `continued` says that this server held the row already, so that
+/// nobody else issued under the worker id since; `renewal` that this run of it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    pub mark_ms: u64,
+    pub reserved_until_ms: u64,
+    pub expires_at: i64,
+    pub continued: bool,
+    pub renewal: bool,
+    /// When this run of the holder took the row (microseconds since 1970).
+    pub tenure: i64,
 }
 
 /// One row that `CLAIM_SQL` or `CLAIM_ANY_SQL` returns, as read.
@@ -465,14 +469,14 @@ impl ClaimRow {
                 high_water_ms: mark_ms,
             };
         }
-        Claim::Granted {
+        Claim::Granted(Granted {
             mark_ms,
             reserved_until_ms: self.reserved_until_ms.unwrap_or(0).max(0) as u64,
             expires_at,
             continued: self.continued == Some(true),
             renewal: self.renewal == Some(true),
             tenure: self.tenure.unwrap_or(0),
-        }
+        })
     }
 }
 
@@ -705,14 +709,14 @@ mod tests {
     fn registry_rows_become_claims() {
         assert_eq!(
             granted_row(Some(500), false).claim(),
-            Claim::Granted {
+            Claim::Granted(Granted {
                 mark_ms: 500,
                 reserved_until_ms: 30_500,
                 expires_at: 9,
                 continued: false,
                 renewal: false,
                 tenure: 1_795_953_600_000_000
-            }
+            })
         );
         let renewal = ClaimRow {
             renewal: Some(true),
@@ -720,14 +724,14 @@ mod tests {
         };
         assert_eq!(
             renewal.claim(),
-            Claim::Granted {
+            Claim::Granted(Granted {
                 mark_ms: 30_000,
                 reserved_until_ms: 30_500,
                 expires_at: 9,
                 continued: true,
                 renewal: true,
                 tenure: 1_795_953_600_000_000
-            }
+            })
         );
         let refused = ClaimRow {
             granted: Some(false),
@@ -815,7 +819,7 @@ mod tests {
         let last_ms = layout::MAX_MILLIS as i64;
         assert!(matches!(
             granted_row(Some(last_ms + 1), false).claim(),
-            Claim::Granted { mark_ms, .. } if mark_ms == layout::MAX_MILLIS + 1
+            Claim::Granted(Granted { mark_ms, .. }) if mark_ms == layout::MAX_MILLIS + 1
         ));
         assert_eq!(
             granted_row(Some(last_ms + 2), false).claim(),

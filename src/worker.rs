@@ -16,7 +16,7 @@ use crate::ceiling::Ceiling;
 use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
 use crate::generator::{Grant, IssuingState};
-use crate::lease::{self, Claim, State, Text, Timing};
+use crate::lease::{self, Claim, Granted, State, Text, Timing};
 use crate::registry::{Held, Registry};
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, server, shmem};
@@ -278,59 +278,8 @@ impl LeaseWorker {
             });
         }
         match answer {
-            Ok((
-                Some(worker_id),
-                Claim::Granted {
-                    mark_ms,
-                    reserved_until_ms,
-                    expires_at,
-                    continued,
-                    renewal,
-                    tenure,
-                },
-            )) => {
-                // Only one written on this timeline: not a copy `pg_rewind` brought in.
-                let own_ceiling = self
-                    .recorded
-                    .as_ref()
-                    .filter(|ceiling| {
-                        ceiling.worker_id == worker_id && ceiling.timeline == server::timeline()
-                    })
-                    .map(|ceiling| ceiling.below_ms);
-                let applied_tenure = shmem::lease_status().applied_tenure;
-                let floor_ms = lease::floor_of_grant(
-                    mark_ms,
-                    continued,
-                    renewal,
-                    tenure,
-                    applied_tenure,
-                    own_ceiling,
-                );
-                let held = Holding {
-                    worker_id,
-                    reserved_until_ms,
-                    deadline_ns: sent_ns + self.timing.issuing_window().as_nanos() as u64,
-                    ceiling_ms: own_ceiling.unwrap_or(0),
-                };
-                self.claiming = Some(worker_id);
-                self.holding = Some(held);
-                // The gate first: a refusal that reads "held" finds it open.
-                self.raise_ceiling(floor_ms);
-                let name = self.me.name.clone();
-                shmem::update_lease_status(|status| {
-                    status.worker_id = Some(worker_id);
-                    status.state = State::Held;
-                    status.holder = Text::new(&name);
-                    status.expires_at = expires_at;
-                    status.renewed_ns = sent_ns;
-                    status.high_water_ms = reserved_until_ms;
-                    status.unreachable_since = 0;
-                    status.handover_needed = false;
-                    // Only now that the gate applied its floor.
-                    status.applied_tenure = Some(tenure);
-                    status.last_error = Text::default();
-                });
-                self.timing.renew_every()
+            Ok((Some(worker_id), Claim::Granted(granted))) => {
+                self.granted(worker_id, granted, sent_ns)
             }
             Ok((
                 _,
@@ -342,39 +291,93 @@ impl LeaseWorker {
             )) => self.refused(&holder, expires_at, released, false),
             Ok((_, Claim::Unsettled { until })) => self.refused("", until, false, true),
             Ok((worker_id, Claim::MarkBeyondLayout { high_water_ms })) => {
-                let error = format!(
-                    "its high-water mark, {high_water_ms} ms after 2026-01-01, lies beyond 2095-09-07 15:47:35.551 UTC, the last time ids can hold"
-                );
-                shmem::update_lease_status(|status| {
-                    status.worker_id = worker_id.or(status.worker_id);
-                    status.state = State::Starting;
-                    status.last_error = Text::new(&error);
-                });
-                self.lose_lease();
-                self.timing.retry_every()
+                self.mark_beyond_layout(worker_id, high_water_ms)
             }
-            Ok((None, Claim::Granted { .. })) => {
+            Ok((None, Claim::Granted(_))) => {
                 unreachable!("a granted lease names its worker id")
             }
             Err(_) if signals::shutting_down() => Duration::ZERO,
-            Err(error) => {
-                let first_failure = shmem::update_lease_status(|status| {
-                    if status.state != State::Starting {
-                        status.state = State::RegistryUnreachable;
-                    }
-                    status.last_error = Text::new(&error);
-                    let first = status.unreachable_since == 0;
-                    if first {
-                        status.unreachable_since = SystemClock.unix_millis();
-                    }
-                    first
-                });
-                if first_failure {
-                    log!("snowid lease worker could not claim the lease, and tries again every second: {error}");
-                }
-                self.timing.retry_every()
-            }
+            Err(error) => self.registry_failed(&error),
         }
+    }
+
+    /// Applies a lease the registry granted: the gate opens above the grant's floor.
+    fn granted(&mut self, worker_id: u16, granted: Granted, sent_ns: u64) -> Duration {
+        // Only one written on this timeline: not a copy `pg_rewind` brought in.
+        let own_ceiling = self
+            .recorded
+            .as_ref()
+            .filter(|ceiling| {
+                ceiling.worker_id == worker_id && ceiling.timeline == server::timeline()
+            })
+            .map(|ceiling| ceiling.below_ms);
+        let applied_tenure = shmem::lease_status().applied_tenure;
+        let floor_ms = lease::floor_of_grant(
+            granted.mark_ms,
+            granted.continued,
+            granted.renewal,
+            granted.tenure,
+            applied_tenure,
+            own_ceiling,
+        );
+        let held = Holding {
+            worker_id,
+            reserved_until_ms: granted.reserved_until_ms,
+            deadline_ns: sent_ns + self.timing.issuing_window().as_nanos() as u64,
+            ceiling_ms: own_ceiling.unwrap_or(0),
+        };
+        self.claiming = Some(worker_id);
+        self.holding = Some(held);
+        // The gate first: a refusal that reads "held" finds it open.
+        self.raise_ceiling(floor_ms);
+        let name = self.me.name.clone();
+        shmem::update_lease_status(|status| {
+            status.worker_id = Some(worker_id);
+            status.state = State::Held;
+            status.holder = Text::new(&name);
+            status.expires_at = granted.expires_at;
+            status.renewed_ns = sent_ns;
+            status.high_water_ms = granted.reserved_until_ms;
+            status.unreachable_since = 0;
+            status.handover_needed = false;
+            // Only now that the gate applied its floor.
+            status.applied_tenure = Some(granted.tenure);
+            status.last_error = Text::default();
+        });
+        self.timing.renew_every()
+    }
+
+    /// The worker id is spent: its high-water mark lies beyond the last millisecond ids can hold.
+    fn mark_beyond_layout(&mut self, worker_id: Option<u16>, high_water_ms: u64) -> Duration {
+        let error = format!(
+            "its high-water mark, {high_water_ms} ms after 2026-01-01, lies beyond 2095-09-07 15:47:35.551 UTC, the last time ids can hold"
+        );
+        shmem::update_lease_status(|status| {
+            status.worker_id = worker_id.or(status.worker_id);
+            status.state = State::Starting;
+            status.last_error = Text::new(&error);
+        });
+        self.lose_lease();
+        self.timing.retry_every()
+    }
+
+    /// The registry could not be asked: recorded, and logged the first time in a row.
+    fn registry_failed(&mut self, error: &str) -> Duration {
+        let first_failure = shmem::update_lease_status(|status| {
+            if status.state != State::Starting {
+                status.state = State::RegistryUnreachable;
+            }
+            status.last_error = Text::new(error);
+            let first = status.unreachable_since == 0;
+            if first {
+                status.unreachable_since = SystemClock.unix_millis();
+            }
+            first
+        });
+        if first_failure {
+            log!("snowid lease worker could not claim the lease, and tries again every second: {error}");
+        }
+        self.timing.retry_every()
     }
 
     fn lose_lease(&mut self) {

@@ -1,0 +1,178 @@
+//! The etcd calls a claim is made of: reading a worker id's keys at one revision, a transaction
+//! that applies only if they are unchanged, keeping an etcd lease alive and asking how long one has
+//! left, all through the gateway.
+
+use super::gateway::{decode, encode, Failure, Reply};
+use super::keys::{Slot, Snapshot, WORKER_IDS};
+use super::Etcd;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+impl Etcd {
+    /// Reads `worker_id`'s three keys at one revision.
+    pub(super) fn read(
+        &mut self,
+        worker_id: u16,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Snapshot, Failure> {
+        let ranges: Vec<Value> = ["workers", "holders", "marks"]
+            .iter()
+            .map(|kind| json!({"request_range": {"key": encode(&self.key(kind, worker_id))}}))
+            .collect();
+        let reply = self.call("/v3/kv/txn", json!({"success": ranges}), budget, stop)?;
+        let slot = |index: usize| -> Result<Slot, Failure> {
+            reply.body["responses"][index]["response_range"]["kvs"]
+                .get(0)
+                .map_or(Ok(Slot::default()), slot_of)
+        };
+        Ok(Snapshot {
+            worker: slot(0)?,
+            holding: slot(1)?,
+            mark: slot(2)?,
+            registry_unix_ms: reply.date_unix_ms.ok_or_else(|| {
+                Failure::Error(
+                    "etcd answered with no Date header, which snowid reads etcd's clock from"
+                        .into(),
+                )
+            })?,
+        })
+    }
+
+    /// The worker ids that have a key under `PREFIX/KIND/`.
+    pub(super) fn range_prefix(
+        &mut self,
+        kind: &str,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<(u16, Slot)>, Failure> {
+        let start = format!("{}/{kind}/", self.gateway.setting().prefix);
+        // The key right after every key that starts so: '/' + 1 is '0'.
+        let end = format!("{}0", &start[..start.len() - 1]);
+        let reply = self.call(
+            "/v3/kv/range",
+            json!({"key": encode(&start), "range_end": encode(&end)}),
+            budget,
+            stop,
+        )?;
+        reply.body["kvs"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|kv| {
+                let key = decode(kv["key"].as_str()?)?;
+                let number = key.strip_prefix(&start)?;
+                // Only the keys snowid writes: PREFIX/KIND/5, never PREFIX/KIND/05.
+                let worker_id: u16 = number.parse().ok()?;
+                (worker_id < WORKER_IDS && worker_id.to_string() == number)
+                    .then(|| slot_of(kv).map(|slot| (worker_id, slot)))
+            })
+            .collect()
+    }
+
+    /// Applies `ops` if `worker_id`'s keys are as `snapshot` read them; false if they changed.
+    pub(super) fn commit(
+        &mut self,
+        worker_id: u16,
+        snapshot: &Snapshot,
+        ops: Vec<Value>,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, Failure> {
+        let compare: Vec<Value> = [
+            ("workers", &snapshot.worker),
+            ("holders", &snapshot.holding),
+            ("marks", &snapshot.mark),
+        ]
+        .iter()
+        .map(|(kind, slot)| {
+            json!({
+                "key": encode(&self.key(kind, worker_id)),
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": slot.mod_revision.to_string(),
+            })
+        })
+        .collect();
+        let reply = self.call(
+            "/v3/kv/txn",
+            json!({"compare": compare, "success": ops}),
+            budget,
+            stop,
+        )?;
+        Ok(reply.body["succeeded"].as_bool() == Some(true))
+    }
+
+    /// Keeps the etcd lease `lease` alive: the seconds it has now, 0 or less when it ran out.
+    pub(super) fn keep_alive(
+        &mut self,
+        lease: i64,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<i64, Failure> {
+        let body = json!({"ID": lease.to_string()});
+        let reply = self.call("/v3/lease/keepalive", body, budget, stop)?;
+        Ok(int(&reply.body["result"]["TTL"]))
+    }
+
+    /// The seconds the etcd lease `lease` has left; -1 when it does not exist.
+    pub(super) fn time_to_live(
+        &mut self,
+        lease: i64,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<i64, Failure> {
+        let body = json!({"ID": lease.to_string()});
+        let reply = self.call("/v3/lease/timetolive", body, budget, stop)?;
+        Ok(int(&reply.body["TTL"]))
+    }
+
+    pub(super) fn call(
+        &mut self,
+        path: &str,
+        body: Value,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Reply, Failure> {
+        self.gateway.call(path, &body, budget, stop)
+    }
+}
+
+pub fn put(key: &str, value: &str, lease: i64) -> Value {
+    let mut put = json!({"key": encode(key), "value": encode(value)});
+    if lease != 0 {
+        put["lease"] = json!(lease.to_string());
+    }
+    json!({ "request_put": put })
+}
+
+pub fn delete(key: &str) -> Value {
+    json!({"request_delete_range": {"key": encode(key)}})
+}
+
+/// A key as read; a value that is not text (written by hand) is an error, never an absent key.
+fn slot_of(kv: &Value) -> Result<Slot, Failure> {
+    let value = match kv["value"].as_str() {
+        // etcd leaves an empty value out.
+        None => String::new(),
+        Some(encoded) => decode(encoded).ok_or_else(|| {
+            let key = kv["key"].as_str().and_then(decode).unwrap_or_default();
+            Failure::Error(format!("the etcd key {key} holds a value that is not text"))
+        })?,
+    };
+    Ok(Slot {
+        value: Some(value),
+        lease: int(&kv["lease"]),
+        mod_revision: int(&kv["mod_revision"]),
+    })
+}
+
+/// An int64 of etcd's JSON, which writes them as strings; 0 when absent (etcd leaves zeros out).
+pub fn int(value: &Value) -> i64 {
+    value
+        .as_str()
+        .and_then(|text| text.parse().ok())
+        .or(value.as_i64())
+        .unwrap_or(0)
+}

@@ -1,0 +1,357 @@
+//! What a worker id's three etcd keys say, and what a claim does about them: the rules of the etcd
+//! registry, decided on a snapshot of the keys without asking etcd (see the parent module for the
+//! keys and the transactions that change them).
+
+use crate::layout::EPOCH_UNIX_MS;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// How far ahead of the registry's clock a claim may reserve, beyond its time-to-live, as the
+/// PostgreSQL registry allows: a server whose clock runs far ahead cannot spend the worker id.
+const RESERVATION_SLACK_MS: u64 = 3_600_000;
+
+pub const WORKER_IDS: u16 = 1024;
+
+/// What a claim sends.
+pub struct Request<'a> {
+    pub holder: &'a str,
+    pub incarnation: &'a str,
+    pub name: &'a str,
+    pub ttl: Duration,
+    /// Milliseconds since the snowid epoch that this holder's ids stay below.
+    pub reserve_until_ms: u64,
+    /// This server's clock, in Unix microseconds.
+    pub now_unix_us: i64,
+    /// The lease this run of the server holds and issues under, if any.
+    pub held: Option<Held>,
+}
+
+/// A lease a server holds: its worker id, and the tenure of the grant it applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub worker_id: u16,
+    pub tenure: i64,
+}
+
+/// The etcd lease ID of `worker_id` under `prefix`: the prefix's hash above the worker id's ten
+/// bits, positive and never 0 (which asks etcd to choose one).
+pub fn lease_id(prefix: &str, worker_id: u16) -> i64 {
+    let hashed = (crate::lease::fnv1a(prefix.as_bytes()) >> 11).max(1);
+    ((hashed << 10) | u64::from(worker_id)) as i64
+}
+
+/// Who holds a worker id, as `PREFIX/holders/N` records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub holder: String,
+    pub incarnation: String,
+    pub name: String,
+    /// When this run of the holder took the key (Unix microseconds, its clock).
+    pub tenure: i64,
+    /// The mark when the holder took the key: its release never lowers the mark below it.
+    pub acquired_mark_ms: u64,
+}
+
+impl Holder {
+    pub fn to_json(&self) -> String {
+        json!({
+            "holder": self.holder,
+            "incarnation": self.incarnation,
+            "name": self.name,
+            "tenure": self.tenure,
+            "acquired_mark_ms": self.acquired_mark_ms,
+        })
+        .to_string()
+    }
+
+    /// The record, also as snowid 0.6.0 wrote it, with fields that are no longer read.
+    pub fn from_json(text: &str) -> Option<Holder> {
+        let value: Value = serde_json::from_str(text).ok()?;
+        Some(Holder {
+            holder: value["holder"].as_str()?.into(),
+            incarnation: value["incarnation"].as_str()?.into(),
+            name: value["name"].as_str()?.into(),
+            tenure: value["tenure"].as_i64()?,
+            acquired_mark_ms: value["acquired_mark_ms"].as_u64()?,
+        })
+    }
+}
+
+/// One key as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slot {
+    pub value: Option<String>,
+    pub lease: i64,
+    /// 0 for a key that does not exist, which is what a transaction compares it with.
+    pub mod_revision: i64,
+}
+
+/// A worker id's three keys, read together.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub worker: Slot,
+    pub holding: Slot,
+    pub mark: Slot,
+    /// etcd's clock when the keys were read (a member's `Date`, whole seconds), in Unix ms.
+    pub registry_unix_ms: i64,
+}
+
+impl Snapshot {
+    pub fn holder(&self) -> Option<Holder> {
+        Holder::from_json(self.holding.value.as_deref()?)
+    }
+
+    /// Who holds the worker id under a live etcd lease, other than `holder`: its name, and its
+    /// record if readable (the `workers` key lives with the etcd lease; the `holders` key says
+    /// who it is).
+    pub fn other_holder(&self, holder: &str) -> Option<(String, Option<Holder>)> {
+        let record = self.holder();
+        match &self.worker.value {
+            Some(_) if self.worker.lease == 0 => None,
+            Some(_) if record.as_ref().is_some_and(|own| own.holder == holder) => None,
+            Some(name) => Some((name.clone(), record)),
+            None => None,
+        }
+    }
+
+    pub fn mark_ms(&self) -> Result<u64, String> {
+        self.mark.value.as_deref().map_or(Ok(0), |text| {
+            text.trim()
+                .parse()
+                .map_err(|_| format!("the etcd key of the high-water mark holds \"{text}\", not a number of milliseconds"))
+        })
+    }
+}
+
+/// What a claim does, decided on a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// This run of the server holds the key: keep its etcd lease alive.
+    Renew { lease: i64, holder: Holder },
+    /// Take the key with a new etcd lease: it is free (never used, released, or its etcd lease
+    /// ran out). Ids start at `floor_ms`, the mark.
+    Take { floor_ms: u64 },
+    /// Another server, or another run of this one (a copy of it, or an earlier run whose etcd lease
+    /// has not run out yet), holds it under this etcd lease.
+    Refuse { holder_name: String, lease: i64 },
+}
+
+/// Decides a claim of the worker id `snapshot` shows.
+pub fn plan(snapshot: &Snapshot, request: &Request) -> Result<Plan, String> {
+    let mark_ms = snapshot.mark_ms()?;
+    // A key bound to no etcd lease was written back by hand, and holds nothing.
+    let Some(name) = snapshot
+        .worker
+        .value
+        .as_ref()
+        .filter(|_| snapshot.worker.lease != 0)
+    else {
+        return Ok(Plan::Take { floor_ms: mark_ms });
+    };
+    Ok(match snapshot.holder() {
+        Some(holder)
+            if holder.holder == request.holder && holder.incarnation == request.incarnation =>
+        {
+            Plan::Renew {
+                lease: snapshot.worker.lease,
+                holder,
+            }
+        }
+        _ => Plan::Refuse {
+            holder_name: name.clone(),
+            lease: snapshot.worker.lease,
+        },
+    })
+}
+
+/// The mark after a claim that reserves up to `reserve_until_ms`: never lower than `mark_ms`, and
+/// at most the lease's length and an hour past etcd's clock (`registry_unix_ms`, whole seconds).
+pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, registry_unix_ms: i64, ttl: Duration) -> u64 {
+    let registry_ms = (registry_unix_ms - EPOCH_UNIX_MS).max(0) as u64;
+    let cap_ms =
+        registry_ms + DATE_RESOLUTION_MS as u64 + ttl.as_millis() as u64 + RESERVATION_SLACK_MS;
+    mark_ms.max(reserve_until_ms.min(cap_ms))
+}
+
+/// How finely etcd's clock is read: the HTTP `Date` counts whole seconds.
+const DATE_RESOLUTION_MS: i64 = 1000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn request() -> Request<'static> {
+        Request {
+            holder: "7351-aaaa",
+            incarnation: "run2",
+            name: "pg@node2:5432",
+            ttl: TTL,
+            reserve_until_ms: 100_000 + 30_000,
+            now_unix_us: 1_795_953_600_000_000,
+            held: None,
+        }
+    }
+
+    fn holder(holder: &str, incarnation: &str, name: &str) -> Holder {
+        Holder {
+            holder: holder.into(),
+            incarnation: incarnation.into(),
+            name: name.into(),
+            tenure: 1_795_953_000_000_000,
+            acquired_mark_ms: 40_000,
+        }
+    }
+
+    fn snapshot(holding: Option<&Holder>, mark_ms: u64) -> Snapshot {
+        Snapshot {
+            worker: Slot {
+                value: holding.map(|holding| holding.name.clone()),
+                lease: holding.map_or(0, |_| 77),
+                mod_revision: 12,
+            },
+            holding: Slot {
+                value: holding.map(Holder::to_json),
+                lease: holding.map_or(0, |_| 77),
+                mod_revision: 12,
+            },
+            mark: Slot {
+                value: Some(mark_ms.to_string()),
+                lease: 0,
+                mod_revision: 11,
+            },
+            registry_unix_ms: EPOCH_UNIX_MS + 100_000,
+        }
+    }
+
+    #[test]
+    fn a_claim_reserves_at_most_an_hour_and_a_lease_past_etcds_clock_and_never_lowers_the_mark() {
+        let registry = EPOCH_UNIX_MS + 100_000;
+        // etcd's second, the lease and the hour.
+        let cap = 100_000 + 1_000 + 30_000 + 3_600_000;
+        assert_eq!(new_mark(0, 130_500, registry, TTL), 130_500);
+        assert_eq!(new_mark(0, 7_300_000, registry, TTL), cap);
+        assert_eq!(new_mark(200_000, 130_500, registry, TTL), 200_000);
+        assert_eq!(new_mark(9_000_000, 7_300_000, registry, TTL), 9_000_000);
+    }
+
+    #[test]
+    fn the_holders_record_reads_back_also_as_0_6_0_wrote_it() {
+        let record = holder("7351-aaaa", "run1", "pg@node1:5432");
+        assert_eq!(Holder::from_json(&record.to_json()), Some(record.clone()));
+        let written_by_0_6_0 = r#"{"holder":"7351-aaaa","incarnation":"run1","name":"pg@node1:5432","tenure":1795953000000000,"acquired_mark_ms":40000,"timeline":1,"clock_ms":99000,"registry_ms":99000}"#;
+        assert_eq!(Holder::from_json(written_by_0_6_0), Some(record));
+        assert_eq!(Holder::from_json("{\"holder\":\"x\"}"), None);
+        assert_eq!(Holder::from_json("not json"), None);
+    }
+
+    #[test]
+    fn a_standby_sees_who_else_holds_its_worker_id() {
+        let mine = holder("7351-aaaa", "run2", "pg@node2:5432");
+        let other = holder("7351-bbbb", "x", "pg@node1:5432");
+        // Free, or held under the asking server's own holder: nobody else.
+        assert_eq!(snapshot(None, 0).other_holder("7351-aaaa"), None);
+        assert_eq!(snapshot(Some(&mine), 0).other_holder("7351-aaaa"), None);
+        // Another server's: named, with its record.
+        assert_eq!(
+            snapshot(Some(&other), 0).other_holder("7351-aaaa"),
+            Some(("pg@node1:5432".into(), Some(other.clone())))
+        );
+        // A record that cannot be read still names the holder, from the `workers` key.
+        let mut unreadable = snapshot(Some(&other), 0);
+        unreadable.holding.value = Some("{}".into());
+        assert_eq!(
+            unreadable.other_holder("7351-aaaa"),
+            Some(("pg@node1:5432".into(), None))
+        );
+    }
+
+    #[test]
+    fn keys_written_back_by_hand_bound_to_no_etcd_lease_hold_nothing() {
+        // Written back from a snapshot, say: taken above their mark, by whoever holds the etcd
+        // lease of the worker id (see `lease_id`), and no standby is told of a holder.
+        let other = holder("7351-bbbb", "x", "pg@node1:5432");
+        let mut written_back = snapshot(Some(&other), 120_000);
+        written_back.worker.lease = 0;
+        written_back.holding.lease = 0;
+        assert_eq!(
+            plan(&written_back, &request()),
+            Ok(Plan::Take { floor_ms: 120_000 })
+        );
+        assert_eq!(written_back.other_holder("7351-aaaa"), None);
+    }
+
+    #[test]
+    fn each_worker_id_of_a_prefix_has_its_own_positive_etcd_lease_id() {
+        let ids: Vec<i64> = (0..WORKER_IDS).map(|id| lease_id("/snowid", id)).collect();
+        assert!(ids.iter().all(|&id| id > 0));
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 1024);
+        // The worker id in the low ten bits, the prefix's hash above them.
+        assert_eq!(ids[5] & 1023, 5);
+        assert_eq!(ids[5] >> 10, ids[1000] >> 10);
+        assert_ne!(lease_id("/snowid", 5), lease_id("/other", 5));
+        assert_eq!(lease_id("/snowid", 5), lease_id("/snowid", 5));
+    }
+
+    #[test]
+    fn free_own_and_others_keys() {
+        // Free (never used, released, or its etcd lease ran out): above the mark.
+        assert_eq!(
+            plan(&snapshot(None, 120_000), &request()),
+            Ok(Plan::Take { floor_ms: 120_000 })
+        );
+        // This run's own: a renewal of its etcd lease.
+        let own = holder("7351-aaaa", "run2", "pg@node2:5432");
+        assert_eq!(
+            plan(&snapshot(Some(&own), 120_000), &request()),
+            Ok(Plan::Renew {
+                lease: 77,
+                holder: own.clone()
+            })
+        );
+        // Another run's of this server, under a live etcd lease (an earlier run not run out yet,
+        // or a copy of this server that renews it): refused, never taken back and forth.
+        let earlier = Holder {
+            incarnation: "run1".into(),
+            ..own
+        };
+        assert_eq!(
+            plan(&snapshot(Some(&earlier), 120_000), &request()),
+            Ok(Plan::Refuse {
+                holder_name: "pg@node2:5432".into(),
+                lease: 77
+            })
+        );
+        // Another server's, and one whose record is unreadable: refused, naming the holder.
+        let other = holder("7351-bbbb", "x", "pg@node1:5432");
+        assert_eq!(
+            plan(&snapshot(Some(&other), 120_000), &request()),
+            Ok(Plan::Refuse {
+                holder_name: "pg@node1:5432".into(),
+                lease: 77
+            })
+        );
+        let mut unreadable = snapshot(Some(&other), 120_000);
+        unreadable.holding.value = Some("{}".into());
+        assert_eq!(
+            plan(&unreadable, &request()),
+            Ok(Plan::Refuse {
+                holder_name: "pg@node1:5432".into(),
+                lease: 77
+            })
+        );
+        let mut bad_mark = snapshot(None, 0);
+        bad_mark.mark.value = Some("soon".into());
+        assert_eq!(
+            plan(&bad_mark, &request()),
+            Err(
+                "the etcd key of the high-water mark holds \"soon\", not a number of milliseconds"
+                    .into()
+            )
+        );
+    }
+}
