@@ -631,6 +631,8 @@ impl Cluster {
         // that no reading finds it half written.
         let new = file.with_extension("new");
         fs::write(&new, format!("{offset}\n")).unwrap();
+        // The server writes the file too (a test's COPY ... TO it).
+        give_to_postgres(&new, 0o644);
         fs::rename(&new, file).unwrap();
     }
 
@@ -771,6 +773,24 @@ impl Cluster {
         let mut program_and_args = vec!["pg_ctl", "-w", "-D", &data, "-l", &log];
         program_and_args.extend_from_slice(args);
         self.as_postgres(&program_and_args, &env);
+        if self.clock_offset_file.is_some() && args.iter().any(|a| *a == "start" || *a == "restart")
+        {
+            self.assert_fake_clock_loaded();
+        }
+    }
+
+    /// The dynamic loader only warns when it cannot preload a library (a `noexec` temporary
+    /// directory, say) and runs the server on the real clock: that would pass every clock fault
+    /// off as harmless.
+    fn assert_fake_clock_loaded(&self) {
+        let pid_file = fs::read_to_string(Path::new(&self.data()).join("postmaster.pid")).unwrap();
+        let pid = pid_file.lines().next().unwrap();
+        let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        assert!(
+            maps.contains("fake_clock.so"),
+            "the server runs without the fake clock: {}",
+            self.log()
+        );
     }
 
     /// Runs one of the server's programs as the `postgres` user, with extra environment variables,
