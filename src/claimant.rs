@@ -1,7 +1,7 @@
 //! Who claims a lease: this server, told apart from every other server and from every copy of its
 //! data directory. The registries send it with each claim; the ceiling file records it.
 
-use crate::{lease, server, shmem};
+use crate::{hash, server, shmem};
 use pgrx::prelude::*;
 
 /// Who claims the lease.
@@ -36,7 +36,7 @@ impl Claimant {
             holder: format!(
                 "{}-{:016x}",
                 server.system_identifier,
-                lease::fnv1a(place.as_bytes())
+                hash::fnv1a(place.as_bytes())
             ),
             incarnation: format!("{:016x}", shmem::lease_status().incarnation),
             name: format!("{name}:{}", server.port),

@@ -130,7 +130,7 @@ impl SnowidError {
             SnowidError::Refused(Refusal::BelowFloor { by_ms }) => {
                 let status = shmem::lease_status();
                 let worker_id = status.worker_id.or(gucs::worker_id()).map_or(String::new(), |id| format!(" {id}"));
-                let reach = lease::format_unix_ms(SystemClock.unix_millis() + by_ms as i64);
+                let reach = crate::clock::format_unix_ms(SystemClock.unix_millis() + by_ms as i64);
                 clock_refusal(
                     format!(" for another {by_ms} ms: this server has just taken the lease on worker id{worker_id}, and ids issued before under it reach {reach}"),
                     "This server issues only above every id issued before under its worker id, by itself before a restart or crash or by the server that held the worker id before it.",

@@ -1,10 +1,10 @@
 //! snowid: unique, roughly time-ordered 64-bit ids made inside PostgreSQL.
 //!
-//! `layout`, `base32`, `clock`, `generator`, `refusals`, `lease`, `ceiling`, `conninfo` and `etcd`
-//! (the etcd registry, through libcurl's safe bindings) hold the logic in plain Rust; `shmem` (shared
-//! memory and its lock), `server` (the server's own functions) and `pq` (libpq) are the only modules
-//! with raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are thin
-//! pgrx glue.
+//! `layout`, `base32`, `clock`, `generator`, `refusals`, `lease`, `hash`, `ceiling`, `conninfo` and
+//! `etcd` (the etcd registry, through libcurl's safe bindings) hold the logic in plain Rust; `shmem`
+//! (shared memory and its lock), `server` (the server's own functions) and `pq` (libpq) are the only
+//! modules with raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are
+//! thin pgrx glue.
 
 mod api;
 mod base32;
@@ -16,6 +16,7 @@ mod errors;
 mod etcd;
 mod generator;
 mod gucs;
+mod hash;
 mod layout;
 mod lease;
 mod pq;

@@ -5,7 +5,7 @@
 //! lease and ends. Sent to the worker alone (`pg_terminate_backend`), it leaves at once with a
 //! status that makes the postmaster start a new worker, which renews the same lease.
 
-use crate::{lease, server};
+use crate::server;
 use pgrx::bgworkers::BackgroundWorker;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,5 +71,27 @@ pub fn leave_unless_server_stopping() {
 /// Whether the postmaster is shutting down, rather than someone terminating this worker alone.
 fn server_stopping() -> bool {
     let pid_file = Path::new(&server::server_identity().data_directory).join("postmaster.pid");
-    std::fs::read_to_string(pid_file).is_ok_and(|text| lease::postmaster_stopping(&text))
+    std::fs::read_to_string(pid_file).is_ok_and(|text| postmaster_stopping(&text))
+}
+
+/// Whether the postmaster is shutting down, from the text of its `postmaster.pid`, whose eighth
+/// line it sets to `stopping` before it asks its children to exit.
+pub fn postmaster_stopping(pid_file: &str) -> bool {
+    pid_file.lines().nth(7).map(str::trim) == Some("stopping")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_postmaster_pid_file_tells_a_shutdown() {
+        let running = "4242\n/var/lib/postgresql/15/main\n1795953600\n5432\n/run/postgresql\n*\n  5432001         0\nready   \n";
+        assert!(!postmaster_stopping(running));
+        assert!(postmaster_stopping(
+            &running.replace("ready   ", "stopping")
+        ));
+        assert!(!postmaster_stopping("4242\n"));
+        assert!(!postmaster_stopping(""));
+    }
 }

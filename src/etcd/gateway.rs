@@ -423,7 +423,7 @@ pub fn decode(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::format_unix_ms;
+    use crate::clock::format_unix_ms;
 
     #[test]
     fn http_dates_read_as_unix_ms() {

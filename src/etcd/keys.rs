@@ -36,7 +36,7 @@ pub struct Held {
 /// The etcd lease ID of `worker_id` under `prefix`: the prefix's hash above the worker id's ten
 /// bits, positive and never 0 (which asks etcd to choose one).
 pub fn lease_id(prefix: &str, worker_id: u16) -> i64 {
-    let hashed = (crate::lease::fnv1a(prefix.as_bytes()) >> 11).max(1);
+    let hashed = (crate::hash::fnv1a(prefix.as_bytes()) >> 11).max(1);
     ((hashed << 10) | u64::from(worker_id)) as i64
 }
 

@@ -1,0 +1,337 @@
+//! A registry's answer to a claim, as read from the row its functions return, and where the ids of
+//! a grant start.
+
+use crate::layout;
+
+/// The registry's answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The lease is this server's.
+    Granted(Granted),
+    /// Another server holds the lease, or `released` it while this server may be a copy of it.
+    HeldByOther {
+        holder: String,
+        expires_at: i64,
+        released: bool,
+    },
+    /// The registry may have lost the lease of a server that holds the worker id (it was restarted,
+    /// restored or rewritten), and grants it to no new holder before `until`, when every lease it
+    /// may have lost has run out.
+    Unsettled { until: i64 },
+    /// The row's high-water mark lies beyond the last millisecond ids can hold: the worker id is
+    /// spent, and issuing under it could only wrap around.
+    MarkBeyondLayout { high_water_ms: u64 },
+}
+
+/// A lease granted to this server. `mark_ms` is the row's high-water mark before the claim, above
+/// which a new holder's ids start. `continued` says that this server held the row already, so that
+/// nobody else issued under the worker id since; `renewal` that this run of it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    pub mark_ms: u64,
+    pub reserved_until_ms: u64,
+    pub expires_at: i64,
+    pub continued: bool,
+    pub renewal: bool,
+    /// When this run of the holder took the row (microseconds since 1970).
+    pub tenure: i64,
+}
+
+/// One row that `CLAIM_SQL` or `CLAIM_ANY_SQL` returns, as read.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimRow {
+    pub worker_id: Option<i32>,
+    pub granted: Option<bool>,
+    pub floor_ms: Option<i64>,
+    pub reserved_until_ms: Option<i64>,
+    pub holder_name: Option<String>,
+    pub expires_at_unix_ms: Option<i64>,
+    pub continued: Option<bool>,
+    pub renewal: Option<bool>,
+    pub released: Option<bool>,
+    pub tenure: Option<i64>,
+}
+
+impl ClaimRow {
+    /// The row as a remote registry returns it: ten fields of PostgreSQL's text output.
+    pub fn from_text(fields: &[Option<String>]) -> Result<ClaimRow, String> {
+        if fields.len() != 10 {
+            return Err(format!(
+                "the registry returned {} columns, not 10",
+                fields.len()
+            ));
+        }
+        fn parse<T: std::str::FromStr>(field: &Option<String>) -> Result<Option<T>, String> {
+            let Some(text) = field.as_deref() else {
+                return Ok(None);
+            };
+            let canonical = match text {
+                "t" => "true",
+                "f" => "false",
+                _ => text,
+            };
+            canonical.parse().map(Some).map_err(|_| {
+                format!(
+                    "the registry returned \"{text}\" where snowid expects a number or a boolean"
+                )
+            })
+        }
+        Ok(ClaimRow {
+            worker_id: parse(&fields[0])?,
+            granted: parse(&fields[1])?,
+            floor_ms: parse(&fields[2])?,
+            reserved_until_ms: parse(&fields[3])?,
+            holder_name: fields[4].clone(),
+            expires_at_unix_ms: parse(&fields[5])?,
+            continued: parse(&fields[6])?,
+            renewal: parse(&fields[7])?,
+            released: parse(&fields[8])?,
+            tenure: parse(&fields[9])?,
+        })
+    }
+
+    pub fn claim(self) -> Claim {
+        let expires_at = self.expires_at_unix_ms.unwrap_or(0);
+        if self.granted != Some(true) && self.holder_name.is_none() {
+            return Claim::Unsettled { until: expires_at };
+        }
+        if self.granted != Some(true) {
+            return Claim::HeldByOther {
+                holder: self.holder_name.unwrap_or_default(),
+                expires_at,
+                released: self.released == Some(true),
+            };
+        }
+        let mark_ms = self.floor_ms.unwrap_or(0).max(0) as u64;
+        if mark_ms > layout::MAX_MILLIS + 1 {
+            return Claim::MarkBeyondLayout {
+                high_water_ms: mark_ms,
+            };
+        }
+        Claim::Granted(Granted {
+            mark_ms,
+            reserved_until_ms: self.reserved_until_ms.unwrap_or(0).max(0) as u64,
+            expires_at,
+            continued: self.continued == Some(true),
+            renewal: self.renewal == Some(true),
+            tenure: self.tenure.unwrap_or(0),
+        })
+    }
+}
+
+/// Where the ids of a grant start, above every id issued before under its worker id; `None` leaves
+/// the generator as it is. `applied_tenure` is the tenure of the grant this run of the server last
+/// applied, `own_ceiling_ms` this server's ceiling for the worker id, if it recorded one.
+pub fn floor_of_grant(
+    mark_ms: u64,
+    continued: bool,
+    renewal: bool,
+    tenure: i64,
+    applied_tenure: Option<i64>,
+    own_ceiling_ms: Option<u64>,
+) -> Option<u64> {
+    if renewal && applied_tenure == Some(tenure) {
+        // A renewal of the grant in force: its floor is applied already.
+        return None;
+    }
+    Some(match own_ceiling_ms {
+        // A new run of the holder that held the row already: nobody else issued under the worker
+        // id since, and its own ceiling, at most a second or so ahead, bounds what it issued.
+        Some(ceiling) if continued && !renewal => ceiling,
+        // A new holder, or a renewal of a grant never applied (the answer to the claim that took
+        // the row was lost): above the mark, and above what this server itself issued before.
+        Some(ceiling) => ceiling.max(mark_ms),
+        None => mark_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remote_registrys_text_row_reads_as_a_claim_row() {
+        let fields: Vec<Option<String>> = [
+            Some("5"),
+            Some("t"),
+            Some("1200"),
+            Some("4200"),
+            Some("node1:5432"),
+            Some("1798761600000"),
+            Some("f"),
+            Some("f"),
+            None,
+            Some("1798761600000123"),
+        ]
+        .iter()
+        .map(|field| field.map(str::to_string))
+        .collect();
+        let row = ClaimRow::from_text(&fields).unwrap();
+        assert_eq!(row.worker_id, Some(5));
+        assert_eq!(row.granted, Some(true));
+        assert_eq!(row.floor_ms, Some(1200));
+        assert_eq!(row.reserved_until_ms, Some(4200));
+        assert_eq!(row.holder_name.as_deref(), Some("node1:5432"));
+        assert_eq!(row.expires_at_unix_ms, Some(1_798_761_600_000));
+        assert_eq!(
+            (row.continued, row.renewal, row.released),
+            (Some(false), Some(false), None)
+        );
+        assert_eq!(row.tenure, Some(1_798_761_600_000_123));
+        assert_eq!(
+            ClaimRow::from_text(&fields[..9]).unwrap_err(),
+            "the registry returned 9 columns, not 10"
+        );
+        let mut wrong = fields.clone();
+        wrong[1] = Some("yes".into());
+        assert_eq!(
+            ClaimRow::from_text(&wrong).unwrap_err(),
+            "the registry returned \"yes\" where snowid expects a number or a boolean"
+        );
+    }
+
+    fn granted_row(floor_ms: Option<i64>, continued: bool) -> ClaimRow {
+        ClaimRow {
+            worker_id: Some(5),
+            granted: Some(true),
+            floor_ms,
+            reserved_until_ms: Some(30_500),
+            holder_name: Some("a:5432".into()),
+            expires_at_unix_ms: Some(9),
+            continued: Some(continued),
+            renewal: Some(false),
+            released: Some(false),
+            tenure: Some(1_795_953_600_000_000),
+        }
+    }
+
+    #[test]
+    fn registry_rows_become_claims() {
+        assert_eq!(
+            granted_row(Some(500), false).claim(),
+            Claim::Granted(Granted {
+                mark_ms: 500,
+                reserved_until_ms: 30_500,
+                expires_at: 9,
+                continued: false,
+                renewal: false,
+                tenure: 1_795_953_600_000_000
+            })
+        );
+        let renewal = ClaimRow {
+            renewal: Some(true),
+            ..granted_row(Some(30_000), true)
+        };
+        assert_eq!(
+            renewal.claim(),
+            Claim::Granted(Granted {
+                mark_ms: 30_000,
+                reserved_until_ms: 30_500,
+                expires_at: 9,
+                continued: true,
+                renewal: true,
+                tenure: 1_795_953_600_000_000
+            })
+        );
+        let refused = ClaimRow {
+            granted: Some(false),
+            holder_name: Some("b:5433".into()),
+            expires_at_unix_ms: Some(9),
+            ..ClaimRow::default()
+        };
+        assert_eq!(
+            refused.claim(),
+            Claim::HeldByOther {
+                holder: "b:5433".into(),
+                expires_at: 9,
+                released: false
+            }
+        );
+        // No holder named: the registry may have lost the lease of whoever holds the worker id.
+        let unsettled = ClaimRow {
+            granted: Some(false),
+            expires_at_unix_ms: Some(9),
+            released: Some(false),
+            ..ClaimRow::default()
+        };
+        assert_eq!(unsettled.claim(), Claim::Unsettled { until: 9 });
+        let released = ClaimRow {
+            granted: Some(false),
+            holder_name: Some("b:5433".into()),
+            released: Some(true),
+            ..ClaimRow::default()
+        };
+        assert_eq!(
+            released.claim(),
+            Claim::HeldByOther {
+                holder: "b:5433".into(),
+                expires_at: 0,
+                released: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_grant_starts_above_every_id_issued_before() {
+        const MARK: u64 = 30_000;
+        const CEILING: u64 = 1_000;
+        // A renewal of the grant in force changes nothing.
+        assert_eq!(
+            floor_of_grant(MARK, true, true, 7, Some(7), Some(CEILING)),
+            None
+        );
+        // A renewal of a grant this run never applied starts above the mark.
+        assert_eq!(
+            floor_of_grant(MARK, true, true, 8, Some(7), None),
+            Some(MARK)
+        );
+        assert_eq!(
+            floor_of_grant(MARK, true, true, 8, None, Some(CEILING)),
+            Some(MARK)
+        );
+        assert_eq!(
+            floor_of_grant(MARK, true, true, 8, None, Some(40_000)),
+            Some(40_000)
+        );
+        // A restart of the holder that held the row starts above its own ceiling.
+        assert_eq!(
+            floor_of_grant(MARK, true, false, 8, None, Some(CEILING)),
+            Some(CEILING)
+        );
+        assert_eq!(floor_of_grant(MARK, true, false, 8, None, None), Some(MARK));
+        // A new holder starts above the mark, and above its own ceiling from an earlier tenure.
+        assert_eq!(
+            floor_of_grant(MARK, false, false, 8, None, Some(CEILING)),
+            Some(MARK)
+        );
+        assert_eq!(
+            floor_of_grant(0, false, false, 8, Some(3), Some(CEILING)),
+            Some(CEILING)
+        );
+        assert_eq!(
+            floor_of_grant(MARK, false, false, 8, Some(3), None),
+            Some(MARK)
+        );
+    }
+
+    #[test]
+    fn a_mark_beyond_the_layout_is_refused_not_wrapped() {
+        let last_ms = layout::MAX_MILLIS as i64;
+        assert!(matches!(
+            granted_row(Some(last_ms + 1), false).claim(),
+            Claim::Granted(Granted { mark_ms, .. }) if mark_ms == layout::MAX_MILLIS + 1
+        ));
+        assert_eq!(
+            granted_row(Some(last_ms + 2), false).claim(),
+            Claim::MarkBeyondLayout {
+                high_water_ms: layout::MAX_MILLIS + 2
+            }
+        );
+        assert_eq!(
+            granted_row(Some(i64::MAX), true).claim(),
+            Claim::MarkBeyondLayout {
+                high_water_ms: i64::MAX as u64
+            }
+        );
+    }
+}
