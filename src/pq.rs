@@ -220,11 +220,21 @@ impl Connection {
         if sent == 0 {
             return Err(Failure::Error(self.error_message()));
         }
-        // SAFETY (this block and the loop below): calls on the live connection this value owns;
-        // every result libpq hands out is read, then cleared once.
+        self.flush(deadline, stop)?;
+        let rows = self.read_results(deadline, stop)?;
+        if let Some(warning) = self.warning.take() {
+            return Err(Failure::Error(format!("the registry warned: {warning}")));
+        }
+        Ok(rows)
+    }
+
+    /// Sends what libpq holds of the query, waiting for the socket as it must.
+    fn flush(&mut self, deadline: Instant, stop: &mut dyn FnMut() -> bool) -> Result<(), Failure> {
+        let conn = self.conn.as_ptr();
+        // SAFETY (this block and those in the loop): calls on the live connection this value owns.
         loop {
             match unsafe { PQflush(conn) } {
-                0 => break,
+                0 => return Ok(()),
                 1 => {
                     self.wait_for(
                         pg_sys::WL_SOCKET_READABLE | pg_sys::WL_SOCKET_WRITEABLE,
@@ -238,9 +248,20 @@ impl Connection {
                 _ => return Err(Failure::Error(self.error_message())),
             }
         }
+    }
+
+    /// Reads every result of the query sent: its rows, or the first error among them.
+    fn read_results(
+        &mut self,
+        deadline: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<Vec<Option<String>>>, Failure> {
+        let conn = self.conn.as_ptr();
         let mut rows = vec![];
         let mut error = None;
         loop {
+            // SAFETY (this block and the calls below): calls on the live connection this value
+            // owns; every result libpq hands out is read, then cleared once.
             while unsafe { PQisBusy(conn) } == 1 {
                 self.wait_for(pg_sys::WL_SOCKET_READABLE, deadline, stop)?;
                 if unsafe { PQconsumeInput(conn) } == 0 {
@@ -251,44 +272,15 @@ impl Connection {
             if result.is_null() {
                 break;
             }
-            unsafe {
-                match PQresultStatus(result) {
-                    PGRES_TUPLES_OK => {
-                        for row in 0..PQntuples(result) {
-                            rows.push(
-                                (0..PQnfields(result))
-                                    .map(|field| {
-                                        (PQgetisnull(result, row, field) == 0)
-                                            .then(|| text(PQgetvalue(result, row, field)))
-                                    })
-                                    .collect(),
-                            );
-                        }
-                    }
-                    PGRES_COMMAND_OK => {}
-                    _ => {
-                        error.get_or_insert_with(|| {
-                            let field = |code| {
-                                let value = PQresultErrorField(result, code);
-                                (!value.is_null()).then(|| text(value))
-                            };
-                            match (field(PG_DIAG_SQLSTATE), field(PG_DIAG_MESSAGE_PRIMARY)) {
-                                (Some(state), Some(message)) => format!("{state}: {message}"),
-                                _ => self.error_message(),
-                            }
-                        });
-                    }
-                }
-                PQclear(result);
+            if let Some(result_error) = unsafe { read_result(result, &mut rows) } {
+                error.get_or_insert_with(|| result_error.unwrap_or_else(|| self.error_message()));
             }
+            unsafe { PQclear(result) };
         }
-        if let Some(error) = error {
-            return Err(Failure::Error(error));
+        match error {
+            Some(error) => Err(Failure::Error(error)),
+            None => Ok(rows),
         }
-        if let Some(warning) = self.warning.take() {
-            return Err(Failure::Error(format!("the registry warned: {warning}")));
-        }
-        Ok(rows)
     }
 
     /// Waits until the socket is ready for `events`, the deadline passes, or `stop` says so.
@@ -366,6 +358,49 @@ extern "C" fn note_warning(cell: *mut c_void, result: *const PGresult) {
         } else {
             text(message)
         }));
+    }
+}
+
+/// Adds the rows of `result` to `rows`. `Some` when it is an error: with `SQLSTATE: message`, or
+/// with `None` where the result carries neither, for the connection's message.
+///
+/// # Safety
+/// `result` is a live result of libpq's, not yet cleared.
+unsafe fn read_result(
+    result: *mut PGresult,
+    rows: &mut Vec<Vec<Option<String>>>,
+) -> Option<Option<String>> {
+    // SAFETY: reads of a live result, within the counts it reports; its values are NUL-terminated
+    // strings that live as long as it does.
+    unsafe {
+        match PQresultStatus(result) {
+            PGRES_TUPLES_OK => {
+                for row in 0..PQntuples(result) {
+                    rows.push(
+                        (0..PQnfields(result))
+                            .map(|field| {
+                                (PQgetisnull(result, row, field) == 0)
+                                    .then(|| text(PQgetvalue(result, row, field)))
+                            })
+                            .collect(),
+                    );
+                }
+                None
+            }
+            PGRES_COMMAND_OK => None,
+            _ => {
+                let field = |code| {
+                    let value = PQresultErrorField(result, code);
+                    (!value.is_null()).then(|| text(value))
+                };
+                Some(
+                    match (field(PG_DIAG_SQLSTATE), field(PG_DIAG_MESSAGE_PRIMARY)) {
+                        (Some(state), Some(message)) => Some(format!("{state}: {message}")),
+                        _ => None,
+                    },
+                )
+            }
+        }
     }
 }
 
