@@ -16,7 +16,7 @@ use crate::ceiling::Ceiling;
 use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
 use crate::generator::{Grant, IssuingState};
-use crate::lease::{self, Claim, Granted, State, Text, Timing};
+use crate::lease::{self, Answer, Claim, Granted, State, Text, Timing};
 use crate::registry::{Held, Registry};
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, server, shmem};
@@ -278,24 +278,32 @@ impl LeaseWorker {
             });
         }
         match answer {
-            Ok((Some(worker_id), Claim::Granted(granted))) => {
-                self.granted(worker_id, granted, sent_ns)
-            }
-            Ok((
-                _,
-                Claim::HeldByOther {
-                    holder,
-                    expires_at,
-                    released,
-                },
-            )) => self.refused(&holder, expires_at, released, false),
-            Ok((_, Claim::Unsettled { until })) => self.refused("", until, false, true),
-            Ok((worker_id, Claim::MarkBeyondLayout { high_water_ms })) => {
-                self.mark_beyond_layout(worker_id, high_water_ms)
-            }
-            Ok((None, Claim::Granted(_))) => {
-                unreachable!("a granted lease names its worker id")
-            }
+            Ok(Answer {
+                worker_id: Some(worker_id),
+                claim: Claim::Granted(granted),
+            }) => self.granted(worker_id, granted, sent_ns),
+            Ok(Answer {
+                claim:
+                    Claim::HeldByOther {
+                        holder,
+                        expires_at,
+                        released,
+                    },
+                ..
+            }) => self.refused(&holder, expires_at, released, false),
+            Ok(Answer {
+                claim: Claim::Unsettled { until },
+                ..
+            }) => self.refused("", until, false, true),
+            Ok(Answer {
+                worker_id,
+                claim: Claim::MarkBeyondLayout { high_water_ms },
+            }) => self.mark_beyond_layout(worker_id, high_water_ms),
+            // A registry whose function was replaced, say.
+            Ok(Answer {
+                worker_id: None,
+                claim: Claim::Granted(_),
+            }) => self.registry_failed("the registry granted a lease without naming its worker id"),
             Err(_) if signals::shutting_down() => Duration::ZERO,
             Err(error) => self.registry_failed(&error),
         }

@@ -27,7 +27,7 @@ pub mod gateway;
 mod keys;
 pub mod setting;
 
-use crate::lease::ClaimRow;
+use crate::lease::{Answer, Claim, Granted};
 use calls::{delete, int, put};
 use gateway::{is_lease_taken, is_not_found, Failure, Gateway};
 pub use keys::{lease_id, Held, Holder, Request};
@@ -55,7 +55,7 @@ enum Taken {
 }
 
 /// A claim that was granted.
-struct Granted {
+struct KeysGranted {
     ttl_s: i64,
     holder: Holder,
     floor_ms: u64,
@@ -98,7 +98,7 @@ impl Etcd {
         request: &Request,
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
-    ) -> Result<ClaimRow, Failure> {
+    ) -> Result<Answer, Failure> {
         let Some(worker_id) = worker_id else {
             return self.claim_any(request, budget, stop);
         };
@@ -117,7 +117,7 @@ impl Etcd {
         request: &Request,
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
-    ) -> Result<ClaimRow, Failure> {
+    ) -> Result<Answer, Failure> {
         // Worker ids whose keys are gone while another server's etcd lease on them runs.
         let mut leased: Vec<u16> = vec![];
         let mut lost_races = 0;
@@ -151,21 +151,27 @@ impl Etcd {
                     match (0..WORKER_IDS).find(|id| !taken.contains(id)) {
                         Some(worker_id) => worker_id,
                         None => {
-                            return Ok(ClaimRow {
-                                granted: Some(false),
-                                holder_name: Some(
-                                    "other servers (all 1024 worker ids are leased)".into(),
-                                ),
-                                ..ClaimRow::default()
+                            return Ok(Answer {
+                                worker_id: None,
+                                claim: Claim::HeldByOther {
+                                    holder: "other servers (all 1024 worker ids are leased)".into(),
+                                    expires_at: 0,
+                                    released: false,
+                                },
                             })
                         }
                     }
                 }
             };
             match self.try_claim(worker_id, request, budget, stop)? {
-                Some(row) if row.granted == Some(true) || own.is_some() => return Ok(row),
+                Some(answer) if matches!(answer.claim, Claim::Granted(_)) || own.is_some() => {
+                    return Ok(answer)
+                }
                 // Its keys are gone, not its holder: pick the next.
-                Some(row) if row.holder_name.is_none() => leased.push(worker_id),
+                Some(Answer {
+                    claim: Claim::Unsettled { .. },
+                    ..
+                }) => leased.push(worker_id),
                 // Another server took it meanwhile: pick again.
                 _ => lost_races += 1,
             }
@@ -182,7 +188,7 @@ impl Etcd {
         request: &Request,
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
-    ) -> Result<Option<ClaimRow>, Failure> {
+    ) -> Result<Option<Answer>, Failure> {
         let snapshot = self.read(worker_id, budget, stop)?;
         let plan = plan(&snapshot, request).map_err(Failure::Error)?;
         let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
@@ -193,7 +199,7 @@ impl Etcd {
         let (holder, floor_ms, continued) = match plan {
             Plan::Refuse { holder_name, lease } => {
                 let left_s = self.time_to_live(lease, budget, stop)?.max(0);
-                return Ok(Some(refused_row(
+                return Ok(Some(refused_answer(
                     worker_id,
                     Some(holder_name),
                     registry_ms,
@@ -246,11 +252,11 @@ impl Etcd {
                 ttl_s,
                 holder,
                 renewal,
-            } => Some(granted_row(
+            } => Some(granted_answer(
                 worker_id,
                 new_mark_ms,
                 registry_ms,
-                Granted {
+                KeysGranted {
                     ttl_s,
                     holder,
                     floor_ms,
@@ -259,7 +265,9 @@ impl Etcd {
                 },
             )),
             // The keys are gone, and the etcd lease of the server that holds the worker id runs.
-            Taken::LeaseRuns { left_s } => Some(refused_row(worker_id, None, registry_ms, left_s)),
+            Taken::LeaseRuns { left_s } => {
+                Some(refused_answer(worker_id, None, registry_ms, left_s))
+            }
         })
     }
 
@@ -272,7 +280,7 @@ impl Etcd {
         holder: Holder,
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
-    ) -> Result<ControlFlow<Option<ClaimRow>, Holder>, Failure> {
+    ) -> Result<ControlFlow<Option<Answer>, Holder>, Failure> {
         let ttl_s = self.keep_alive(renewal.lease, budget, stop)?;
         if ttl_s <= 0 {
             return Ok(ControlFlow::Continue(holder));
@@ -285,11 +293,11 @@ impl Etcd {
         );
         let renewed = self.commit(worker_id, snapshot, vec![mark], budget, stop)?;
         Ok(ControlFlow::Break(renewed.then(|| {
-            granted_row(
+            granted_answer(
                 worker_id,
                 renewal.new_mark_ms,
                 renewal.registry_ms,
-                Granted {
+                KeysGranted {
                     ttl_s,
                     holder,
                     floor_ms: renewal.mark_ms,
@@ -441,35 +449,44 @@ impl Etcd {
 }
 
 /// The registry's answer to a claim that was granted.
-fn granted_row(worker_id: u16, new_mark_ms: u64, registry_ms: i64, granted: Granted) -> ClaimRow {
-    ClaimRow {
-        worker_id: Some(i32::from(worker_id)),
-        granted: Some(true),
-        floor_ms: Some(granted.floor_ms as i64),
-        reserved_until_ms: Some(new_mark_ms as i64),
-        holder_name: Some(granted.holder.name),
-        expires_at_unix_ms: Some(registry_ms.saturating_add(granted.ttl_s.saturating_mul(1000))),
-        continued: Some(granted.continued),
-        renewal: Some(granted.renewal),
-        released: Some(false),
-        tenure: Some(granted.holder.tenure),
+fn granted_answer(
+    worker_id: u16,
+    new_mark_ms: u64,
+    registry_ms: i64,
+    granted: KeysGranted,
+) -> Answer {
+    Answer {
+        worker_id: Some(worker_id),
+        claim: Claim::granted(Granted {
+            mark_ms: granted.floor_ms,
+            reserved_until_ms: new_mark_ms,
+            expires_at: registry_ms.saturating_add(granted.ttl_s.saturating_mul(1000)),
+            continued: granted.continued,
+            renewal: granted.renewal,
+            tenure: granted.holder.tenure,
+        }),
     }
 }
 
 /// The registry's answer to a claim refused while an etcd lease of another server's runs for
-/// `left_s` more seconds; `holder_name` when its keys say who it is.
-fn refused_row(
+/// `left_s` more seconds: held by `holder_name` when its keys say who it is, unsettled until then
+/// when they are gone.
+fn refused_answer(
     worker_id: u16,
     holder_name: Option<String>,
     registry_ms: i64,
     left_s: i64,
-) -> ClaimRow {
-    ClaimRow {
-        worker_id: Some(i32::from(worker_id)),
-        granted: Some(false),
-        holder_name,
-        expires_at_unix_ms: Some(registry_ms.saturating_add(left_s.saturating_mul(1000))),
-        released: Some(false),
-        ..ClaimRow::default()
+) -> Answer {
+    let expires_at = registry_ms.saturating_add(left_s.saturating_mul(1000));
+    Answer {
+        worker_id: Some(worker_id),
+        claim: match holder_name {
+            Some(holder) => Claim::HeldByOther {
+                holder,
+                expires_at,
+                released: false,
+            },
+            None => Claim::Unsettled { until: expires_at },
+        },
     }
 }

@@ -90,6 +90,14 @@ impl ClaimRow {
         })
     }
 
+    /// What the row says: the worker id it names (none when every one is leased) and the claim.
+    pub fn answer(self) -> Answer {
+        Answer {
+            worker_id: self.worker_id.and_then(|id| u16::try_from(id).ok()),
+            claim: self.claim(),
+        }
+    }
+
     pub fn claim(self) -> Claim {
         let expires_at = self.expires_at_unix_ms.unwrap_or(0);
         if self.granted != Some(true) && self.holder_name.is_none() {
@@ -102,14 +110,8 @@ impl ClaimRow {
                 released: self.released == Some(true),
             };
         }
-        let mark_ms = self.floor_ms.unwrap_or(0).max(0) as u64;
-        if mark_ms > layout::MAX_MILLIS + 1 {
-            return Claim::MarkBeyondLayout {
-                high_water_ms: mark_ms,
-            };
-        }
-        Claim::Granted(Granted {
-            mark_ms,
+        Claim::granted(Granted {
+            mark_ms: self.floor_ms.unwrap_or(0).max(0) as u64,
             reserved_until_ms: self.reserved_until_ms.unwrap_or(0).max(0) as u64,
             expires_at,
             continued: self.continued == Some(true),
@@ -117,6 +119,26 @@ impl ClaimRow {
             tenure: self.tenure.unwrap_or(0),
         })
     }
+}
+
+impl Claim {
+    /// A grant, unless its mark lies beyond the last millisecond ids can hold.
+    pub fn granted(granted: Granted) -> Claim {
+        if granted.mark_ms > layout::MAX_MILLIS + 1 {
+            return Claim::MarkBeyondLayout {
+                high_water_ms: granted.mark_ms,
+            };
+        }
+        Claim::Granted(granted)
+    }
+}
+
+/// A registry's answer to a claim: the worker id claimed (none when every one is leased) and what
+/// came of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub worker_id: Option<u16>,
+    pub claim: Claim,
 }
 
 /// Where the ids of a grant start, above every id issued before under its worker id; `None` leaves

@@ -7,7 +7,7 @@ use crate::claimant::Claimant;
 use crate::etcd::gateway::Failure;
 use crate::etcd::setting::Setting;
 use crate::etcd::{Etcd, Held, Request};
-use crate::lease::{ClaimRow, OtherHolderIs, Text, Timing};
+use crate::lease::{Answer, OtherHolderIs, Text, Timing};
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
 use crate::{server, shmem};
 use pgrx::bgworkers::BackgroundWorker;
@@ -44,7 +44,7 @@ impl EtcdRegistry {
         timing: Timing,
         reserve_until_ms: u64,
         held: Option<Held>,
-    ) -> Result<ClaimRow, String> {
+    ) -> Result<Answer, String> {
         let request = Request {
             holder: &me.holder,
             incarnation: &me.incarnation,

@@ -12,7 +12,7 @@ use crate::claimant::Claimant;
 use crate::etcd::setting::is_etcd;
 pub use crate::etcd::Held;
 use crate::gucs;
-use crate::lease::{self, Claim, ClaimRow, OtherHolderIs, Timing};
+use crate::lease::{self, Answer, OtherHolderIs, Timing};
 use crate::server;
 
 pub enum Registry {
@@ -47,14 +47,95 @@ impl Registry {
         timing: Timing,
         reserve_until_ms: u64,
         held: Option<Held>,
-    ) -> Result<(Option<u16>, Claim), String> {
-        if let Registry::Etcd(etcd) = self {
-            return etcd
-                .claim(me, worker_id, timing, reserve_until_ms, held)
-                .map(answer_of);
+    ) -> Result<Answer, String> {
+        let local = self.is_local();
+        match self {
+            Registry::Etcd(etcd) => etcd.claim(me, worker_id, timing, reserve_until_ms, held),
+            Registry::Local(registry) => {
+                let call = ClaimCall::new(me, worker_id, timing, reserve_until_ms, held, local);
+                Ok(registry.claim(call.sql, &call.params)?.answer())
+            }
+            Registry::Remote(registry) => {
+                let call = ClaimCall::new(me, worker_id, timing, reserve_until_ms, held, local);
+                let holding = (call.holding_sql, call.holding);
+                Ok(registry.claim(call.sql, &call.params, holding)?.answer())
+            }
         }
+    }
+
+    /// Who else holds `worker_id` in a way that would keep this server from issuing under it once
+    /// promoted, for a standby to say so: with the lease table on this server, any other holder
+    /// (only a handover frees its row); on a shared registry, one whose lease runs.
+    pub fn other_holder(
+        &mut self,
+        me: &Claimant,
+        worker_id: u16,
+        timing: Timing,
+    ) -> Result<Option<OtherHolder>, String> {
+        let params = [
+            Param::Int(i32::from(worker_id)),
+            Param::Text(me.holder.clone()),
+            Param::Bool(!self.is_local()),
+        ];
+        let name = match self {
+            Registry::Etcd(etcd) => return etcd.other_holder(me, worker_id, timing),
+            Registry::Local(local) => local.other_holder(&params)?,
+            Registry::Remote(remote) => remote.other_holder(&params)?,
+        };
+        Ok(name.map(|(name, holder)| OtherHolder {
+            is: OtherHolderIs::of(&name, Some(&holder), &me.name, &me.holder),
+            name,
+        }))
+    }
+
+    /// Releases `worker_id`'s lease, lowering its mark to `high_water_ms`.
+    pub fn release(
+        &mut self,
+        me: &Claimant,
+        worker_id: u16,
+        high_water_ms: u64,
+    ) -> Result<(), String> {
+        let params = [
+            Param::Int(i32::from(worker_id)),
+            Param::Text(me.holder.clone()),
+            Param::Text(me.incarnation.clone()),
+            Param::Big(high_water_ms as i64),
+            Param::Big(i64::from(server::timeline())),
+        ];
+        match self {
+            Registry::Etcd(etcd) => etcd.release(me, worker_id, high_water_ms),
+            Registry::Local(local) => local.release(&params),
+            Registry::Remote(remote) => remote.release(&params),
+        }
+    }
+}
+
+/// Another server that holds a worker id.
+pub struct OtherHolder {
+    pub name: String,
+    pub is: OtherHolderIs,
+}
+
+/// A claim through the lease functions of a PostgreSQL registry: the function (as the registry
+/// knows of the lease held or not) and its parameters, in their order.
+struct ClaimCall {
+    sql: &'static str,
+    /// The function of a registry that takes the lease held (0.8.0 and later), and what it is told.
+    holding_sql: &'static str,
+    holding: Param,
+    params: Vec<Param>,
+}
+
+impl ClaimCall {
+    fn new(
+        me: &Claimant,
+        worker_id: Option<u16>,
+        timing: Timing,
+        reserve_until_ms: u64,
+        held: Option<Held>,
+        local: bool,
+    ) -> ClaimCall {
         let mut params = vec![];
-        // What a registry that takes the lease held (0.8.0 and later) is told of it.
         let (sql, holding_sql, holding) = match worker_id {
             Some(worker_id) => {
                 params.push(Param::Int(i32::from(worker_id)));
@@ -84,80 +165,16 @@ impl Registry {
         if worker_id.is_some() {
             // Only a shared registry sees every holder's renewals, so only there may an expired
             // lease be taken over.
-            params.push(Param::Bool(!self.is_local()));
+            params.push(Param::Bool(!local));
         }
         params.push(Param::Big(i64::from(server::timeline())));
-        let row: ClaimRow = match self {
-            Registry::Local(local) => local.claim(sql, &params)?,
-            Registry::Remote(remote) => remote.claim(sql, &params, (holding_sql, holding))?,
-            Registry::Etcd(_) => unreachable!("answered above"),
-        };
-        Ok(answer_of(row))
-    }
-
-    /// Who else holds `worker_id` in a way that would keep this server from issuing under it once
-    /// promoted, for a standby to say so: with the lease table on this server, any other holder
-    /// (only a handover frees its row); on a shared registry, one whose lease runs.
-    pub fn other_holder(
-        &mut self,
-        me: &Claimant,
-        worker_id: u16,
-        timing: Timing,
-    ) -> Result<Option<OtherHolder>, String> {
-        if let Registry::Etcd(etcd) = self {
-            return etcd.other_holder(me, worker_id, timing);
-        }
-        let params = [
-            Param::Int(i32::from(worker_id)),
-            Param::Text(me.holder.clone()),
-            Param::Bool(!self.is_local()),
-        ];
-        let name = match self {
-            Registry::Local(local) => local.other_holder(&params)?,
-            Registry::Remote(remote) => remote.other_holder(&params)?,
-            Registry::Etcd(_) => unreachable!("answered above"),
-        };
-        Ok(name.map(|(name, holder)| OtherHolder {
-            is: OtherHolderIs::of(&name, Some(&holder), &me.name, &me.holder),
-            name,
-        }))
-    }
-
-    /// Releases `worker_id`'s lease, lowering its mark to `high_water_ms`.
-    pub fn release(
-        &mut self,
-        me: &Claimant,
-        worker_id: u16,
-        high_water_ms: u64,
-    ) -> Result<(), String> {
-        if let Registry::Etcd(etcd) = self {
-            return etcd.release(me, worker_id, high_water_ms);
-        }
-        let params = [
-            Param::Int(i32::from(worker_id)),
-            Param::Text(me.holder.clone()),
-            Param::Text(me.incarnation.clone()),
-            Param::Big(high_water_ms as i64),
-            Param::Big(i64::from(server::timeline())),
-        ];
-        match self {
-            Registry::Local(local) => local.release(&params),
-            Registry::Remote(remote) => remote.release(&params),
-            Registry::Etcd(_) => unreachable!("answered above"),
+        ClaimCall {
+            sql,
+            holding_sql,
+            holding,
+            params,
         }
     }
-}
-
-/// Another server that holds a worker id.
-pub struct OtherHolder {
-    pub name: String,
-    pub is: OtherHolderIs,
-}
-
-/// A registry's row as the worker acts on it: the worker id and the claim.
-fn answer_of(row: ClaimRow) -> (Option<u16>, Claim) {
-    let worker_id = row.worker_id.and_then(|id| u16::try_from(id).ok());
-    (worker_id, row.claim())
 }
 
 /// How `snowid_status()` names the registry: never with the connection string, which may hold a
