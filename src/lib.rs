@@ -1,25 +1,24 @@
 //! snowid: unique, roughly time-ordered 64-bit ids made inside PostgreSQL.
 //!
-//! `layout`, `base32`, `clock`, `generator`, `refusals`, `lease`, `hash`, `ceiling`, `conninfo` and
-//! `etcd` (the etcd registry, through libcurl's safe bindings) hold the logic in plain Rust; `shmem`
-//! (shared memory and its lock), `server` (the server's own functions) and `pq` (libpq) are the only
-//! modules with raw FFI; `gucs`, `errors`, `api`, `registry`, `claimant`, `signals` and `worker` are
-//! thin pgrx glue.
+//! `layout`, `base32`, `clock`, `generator`, `refusals`, `lease`, `hash` and `ceiling` hold the
+//! logic in plain Rust; `shmem` (shared memory and its lock) and `server` (the server's own
+//! functions) are the modules with raw FFI; `gucs`, `errors`, `api`, `claimant`, `signals` and
+//! `worker` are thin pgrx glue. `registry` is where leases live, one folder per backend with its
+//! transport: `local` (SPI), `remote` (its connection string's meaning in plain Rust, and `pq`,
+//! libpq's FFI) and `etcd` (its setting, keys, rules and JSON gateway in plain Rust, through
+//! libcurl's safe bindings).
 
 mod api;
 mod base32;
 mod ceiling;
 mod claimant;
 mod clock;
-mod conninfo;
 mod errors;
-mod etcd;
 mod generator;
 mod gucs;
 mod hash;
 mod layout;
 mod lease;
-mod pq;
 mod refusals;
 mod registry;
 mod server;

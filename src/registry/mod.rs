@@ -9,11 +9,11 @@ mod local;
 mod remote;
 
 use crate::claimant::Claimant;
-use crate::etcd::setting::is_etcd;
-pub use crate::etcd::Held;
 use crate::gucs;
 use crate::lease::{self, Answer, OtherHolderIs, Timing};
 use crate::server;
+use etcd::setting::is_etcd;
+pub use etcd::Held;
 
 pub enum Registry {
     Local(local::Local),

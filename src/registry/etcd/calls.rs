@@ -2,13 +2,32 @@
 //! that applies only if they are unchanged, keeping an etcd lease alive and asking how long one has
 //! left, all through the gateway.
 
-use super::gateway::{decode, encode, Failure, Reply};
+use super::gateway::{decode, encode, Failure, Gateway, Reply};
 use super::keys::{Slot, Snapshot, WORKER_IDS};
-use super::Etcd;
+use super::setting::Setting;
 use serde_json::{json, Value};
 use std::time::Instant;
 
+/// The registry, through the members that `snowid.registry` lists.
+pub struct Etcd {
+    gateway: Gateway,
+}
+
 impl Etcd {
+    pub fn new(setting: Setting) -> Etcd {
+        Etcd {
+            gateway: Gateway::new(setting),
+        }
+    }
+
+    pub(super) fn prefix(&self) -> &str {
+        &self.gateway.setting().prefix
+    }
+
+    pub(super) fn key(&self, kind: &str, worker_id: u16) -> String {
+        format!("{}/{kind}/{worker_id}", self.prefix())
+    }
+
     /// Reads `worker_id`'s three keys at one revision.
     pub(super) fn read(
         &mut self,
@@ -46,7 +65,7 @@ impl Etcd {
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Vec<(u16, Slot)>, Failure> {
-        let start = format!("{}/{kind}/", self.gateway.setting().prefix);
+        let start = format!("{}/{kind}/", self.prefix());
         // The key right after every key that starts so: '/' + 1 is '0'.
         let end = format!("{}0", &start[..start.len() - 1]);
         let reply = self.call(

@@ -1,16 +1,25 @@
-//! The lease keys in the etcd cluster that `snowid.registry` names (see `crate::etcd`), claimed
+//! The lease keys in the etcd cluster that `snowid.registry` names (see `claims` for the keys and the rules), claimed
 //! from the lease worker's own thread: each request to a member is a non-blocking transfer that
 //! looks for SIGTERM and ProcSignalBarriers every few milliseconds.
 
+mod calls;
+mod claims;
+mod gateway;
+mod keys;
+pub mod setting;
+
+pub use claims::Held;
+
 use super::{OtherHolder, NO_ANSWER, RELEASE_BUDGET, STOPPED};
 use crate::claimant::Claimant;
-use crate::etcd::gateway::Failure;
-use crate::etcd::setting::Setting;
-use crate::etcd::{Etcd, Held, Request};
 use crate::lease::{Answer, OtherHolderIs, Text, Timing};
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
 use crate::{server, shmem};
+use calls::Etcd;
+use claims::Request;
+use gateway::Failure;
 use pgrx::bgworkers::BackgroundWorker;
+use setting::Setting;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub struct EtcdRegistry {

@@ -5,13 +5,16 @@
 //! runs with a search path no role can put objects in and synchronous_commit = on; and a call
 //! counts only once its commit returned.
 
+mod conninfo;
+mod pq;
+
 use super::{Param, NO_ANSWER, RELEASE_BUDGET, STOPPED};
-use crate::conninfo::{self, lookup, Options};
 use crate::lease::{self, ClaimRow, Text};
-use crate::pq::{self, Connection, Failure};
 use crate::shmem;
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
+use conninfo::{lookup, Options};
 use pgrx::bgworkers::BackgroundWorker;
+use pq::{Connection, Failure};
 use std::time::{Duration, Instant};
 
 pub struct Remote {

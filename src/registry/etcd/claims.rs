@@ -22,16 +22,11 @@
 //! that holds the etcd lease puts its keys back at its next renewal; every other one is refused
 //! until the lease runs out.
 
-mod calls;
-pub mod gateway;
-mod keys;
-pub mod setting;
-
+use super::calls::{delete, int, put, Etcd};
+use super::gateway::{is_lease_taken, is_not_found, Failure};
+pub use super::keys::{lease_id, Held, Holder, Request};
+use super::keys::{new_mark, plan, Plan, Snapshot, WORKER_IDS};
 use crate::lease::{Answer, Claim, Granted};
-use calls::{delete, int, put};
-use gateway::{is_lease_taken, is_not_found, Failure, Gateway};
-pub use keys::{lease_id, Held, Holder, Request};
-use keys::{new_mark, plan, Plan, Snapshot, WORKER_IDS};
 use serde_json::json;
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -74,24 +69,8 @@ struct Renewal {
     registry_ms: i64,
 }
 
-/// The registry, through the members that `snowid.registry` lists.
-pub struct Etcd {
-    gateway: Gateway,
-}
-
 impl Etcd {
-    pub fn new(setting: setting::Setting) -> Etcd {
-        Etcd {
-            gateway: Gateway::new(setting),
-        }
-    }
-
-    fn key(&self, kind: &str, worker_id: u16) -> String {
-        format!("{}/{kind}/{worker_id}", self.gateway.setting().prefix)
-    }
-
-    /// Claims `worker_id`, or with `None` the one this server holds or the lowest free one. The
-    /// row says what came of it, as the PostgreSQL registry's functions would.
+    /// Claims `worker_id`, or with `None` the one this server holds or the lowest free one.
     pub fn claim(
         &mut self,
         worker_id: Option<u16>,
@@ -321,7 +300,7 @@ impl Etcd {
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Taken, Failure> {
-        let lease = lease_id(&self.gateway.setting().prefix, worker_id);
+        let lease = lease_id(self.prefix(), worker_id);
         let ttl_s = request.ttl.as_secs().max(1);
         let grant = self.call(
             "/v3/lease/grant",
@@ -420,7 +399,7 @@ impl Etcd {
             if self.commit(worker_id, &snapshot, ops, budget, stop)? {
                 // Keys written back by hand are bound to no etcd lease; this server's still runs.
                 let lease = match snapshot.worker.lease {
-                    0 => lease_id(&self.gateway.setting().prefix, worker_id),
+                    0 => lease_id(self.prefix(), worker_id),
                     lease => lease,
                 }
                 .to_string();
