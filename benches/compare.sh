@@ -23,7 +23,8 @@ while [ $# -gt 0 ]; do
 done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || fail "--rounds $rounds is not a positive number"
 [[ $ids =~ ^[1-9][0-9]*$ ]] || fail "--ids $ids is not a positive number"
-source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+prepare build
 cd "$REPO"
 base_commit=$(git rev-parse --verify --quiet "$base_rev^{commit}") ||
     { echo "compare.sh: $base_rev is not a commit of this repository" >&2; exit 2; }

@@ -31,7 +31,8 @@ for size in "$shared_buffers" "$max_wal_size"; do
     [[ $size =~ ^[1-9][0-9]*(kB|MB|GB)$ ]] || fail "$size is not a size such as 128MB"
 done
 
-source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+prepare build
 growth=(python3 "$REPO/benches/growth.py")
 install_matplotlib
 install_snowid >&2

@@ -4,7 +4,8 @@
 # table. Arguments go to bench.py: --rows N (default 5,000,000), --runs N (default 3). PG_MAJOR=16
 # or PG_MAJOR=17 measures PostgreSQL 16 or 17; PG_MAJOR=18 measures 18, with its native uuidv7()
 # beside the others.
-source "$(dirname "${BASH_SOURCE[0]}")/../scripts/setup.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+prepare build
 install_matplotlib
 install_snowid >&2
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs snowid, starts a throwaway cluster configured for it, and shows ids being made and decoded.
 # `scripts/demo.sh stop` stops that cluster.
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+prepare build
 dir=${SNOWID_DEMO_DIR:-/tmp/snowid-demo}
 port=${SNOWID_DEMO_PORT:-54329}
 if [ "${1:-}" = stop ]; then

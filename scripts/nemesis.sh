@@ -33,7 +33,8 @@ if [ -z "$seed" ]; then
 fi
 
 scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$scripts/setup.sh"
+source "$scripts/lib.sh"
+prepare test
 cd "$REPO"
 $install && install_snowid
 report=${report:-$REPO/target/nemesis/seed-$seed}

@@ -5,7 +5,8 @@
 # package's path last.
 major=${1:?usage: scripts/package.sh MAJOR}
 PG_MAJOR=$major
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+prepare build
 cd "$REPO"
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)

@@ -1,4 +1,4 @@
-# Sourced by setup.sh. Debian 12 ships PostgreSQL 15 only, so the other majors snowid is tested on
+# Sourced by lib.sh. Debian 12 ships PostgreSQL 15 only, so the other majors snowid is tested on
 # are built once from the upstream source in Debian's own source packages, each into
 # /opt/postgresql-MAJOR, and reused after. The tarball comes from the pool of a Debian archive that
 # the machine's own apt sources name (its mirror, if it has one, which must carry the source pool),

@@ -1,4 +1,4 @@
-# Sourced by setup.sh. No Debian suite the machine reaches has PostgreSQL 16, and upstream's source
+# Sourced by lib.sh. No Debian suite the machine reaches has PostgreSQL 16, and upstream's source
 # is out of reach; PyPI's pgserver wheel carries a whole PostgreSQL 16.2 build (programs, libraries,
 # share files and server headers), built without OpenSSL. It is fetched with pip (its index and proxy
 # settings), checked against the SHA-256 pinned here, and unpacked once into /opt/postgresql-16 as

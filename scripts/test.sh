@@ -50,7 +50,8 @@ step=("${PG_MAJOR:-15}" set-up "$SECONDS")
 # The report never changes the run's exit status.
 trap 'end_step; python3 "$scripts/timings.py" "$times" || true' EXIT
 
-source "$scripts/setup.sh"
+source "$scripts/lib.sh"
+prepare test
 step[0]=$PG_MAJOR
 end_step
 cd "$REPO"
