@@ -75,9 +75,82 @@ impl Ceiling {
     }
 }
 
+/// Where the lease worker keeps the ceiling, at a claim or a renewal: the clock (`now_ms`, since
+/// the snowid epoch), the ceiling recorded (`ceiling_ms`), and the floor of a grant just applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// How far ahead of the clock a new ceiling goes (`Timing::ceiling_lead`).
+    pub lead_ms: u64,
+    /// How close the clock may come to the ceiling before it is raised again.
+    pub refresh_below_ms: u64,
+}
+
+impl Policy {
+    /// The ceiling to record now, or `None` when the one recorded still runs far enough ahead. A
+    /// grant (`floor_ms`) always records one: never below its floor, the ids already issued
+    /// (`next_free_ms`) or the ceiling recorded, since the next run of this server starts there.
+    pub fn raise_to(
+        &self,
+        now_ms: u64,
+        ceiling_ms: u64,
+        floor_ms: Option<u64>,
+        next_free_ms: u64,
+    ) -> Option<u64> {
+        if floor_ms.is_none() && ceiling_ms > now_ms + self.refresh_below_ms {
+            return None;
+        }
+        Some(
+            (now_ms + self.lead_ms)
+                .max(floor_ms.unwrap_or(0))
+                .max(next_free_ms)
+                .max(ceiling_ms),
+        )
+    }
+}
+
+/// What the gate may let through under a lease reserved until `reserved_until_ms` with the ceiling
+/// at `ceiling_ms`: ids below the lower of the two, and, while the ceiling is recorded, callers that
+/// reach it wait for the next one up to the reservation; one that could not be recorded is a bound
+/// until a write succeeds. Returns (issue below, moves up to).
+pub fn gate_bounds(reserved_until_ms: u64, ceiling_ms: u64, recorded: bool) -> (u64, u64) {
+    let below = reserved_until_ms.min(ceiling_ms);
+    let moves_up_to = if recorded { reserved_until_ms } else { below };
+    (below, moves_up_to)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const POLICY: Policy = Policy {
+        lead_ms: 1_000,
+        refresh_below_ms: 500,
+    };
+
+    #[test]
+    fn a_ceiling_is_raised_a_lead_ahead_only_when_the_clock_comes_close() {
+        // Far enough ahead: left as it is.
+        assert_eq!(POLICY.raise_to(10_000, 10_501, None, 0), None);
+        // Within the refresh distance: a lead ahead of the clock.
+        assert_eq!(POLICY.raise_to(10_000, 10_500, None, 0), Some(11_000));
+        // Never lowered, and never below the ids issued.
+        assert_eq!(POLICY.raise_to(10_000, 10_400, None, 12_000), Some(12_000));
+        assert_eq!(POLICY.raise_to(9_000, 9_400, None, 0), Some(10_000));
+    }
+
+    #[test]
+    fn a_grant_always_records_a_ceiling_above_its_floor() {
+        assert_eq!(POLICY.raise_to(10_000, 50_000, Some(0), 0), Some(50_000));
+        assert_eq!(POLICY.raise_to(10_000, 0, Some(20_000), 0), Some(20_000));
+        assert_eq!(POLICY.raise_to(10_000, 0, Some(5_000), 0), Some(11_000));
+    }
+
+    #[test]
+    fn a_ceiling_not_recorded_is_a_bound_until_a_write_succeeds() {
+        assert_eq!(gate_bounds(30_000, 11_000, true), (11_000, 30_000));
+        assert_eq!(gate_bounds(30_000, 11_000, false), (11_000, 11_000));
+        assert_eq!(gate_bounds(30_000, 40_000, true), (30_000, 30_000));
+    }
 
     fn ceiling() -> Ceiling {
         Ceiling {

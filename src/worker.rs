@@ -12,7 +12,7 @@
 //! gate stays open until the lease's deadline, and the postmaster starts a new worker at once, which
 //! renews the same lease. Only a server shutdown releases it.
 
-use crate::ceiling::Ceiling;
+use crate::ceiling::{self, Ceiling};
 use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
 use crate::generator::{Grant, IssuingState};
@@ -418,14 +418,13 @@ impl LeaseWorker {
             return;
         };
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
-        let refresh_ms = Timing::ceiling_refresh_below(lead).as_millis() as u64;
-        let mut error = None;
-        if floor_ms.is_some() || held.ceiling_ms <= now_ms + refresh_ms {
-            // Never below the floor or an id issued: the next run of this server starts here.
-            let wanted = (now_ms + lead.as_millis() as u64)
-                .max(floor_ms.unwrap_or(0))
-                .max(self.state.next_free_millis())
-                .max(held.ceiling_ms);
+        let policy = ceiling::Policy {
+            lead_ms: lead.as_millis() as u64,
+            refresh_below_ms: Timing::ceiling_refresh_below(lead).as_millis() as u64,
+        };
+        let mut recorded = true;
+        let next_free_ms = self.state.next_free_millis();
+        if let Some(wanted) = policy.raise_to(now_ms, held.ceiling_ms, floor_ms, next_free_ms) {
             let ceiling = Ceiling {
                 holder: self.me.holder.clone(),
                 timeline: server::timeline(),
@@ -437,7 +436,7 @@ impl LeaseWorker {
             self.slowness.note(self.timing, writing.elapsed(), |ms| {
                 format!(
                     "recording the ceiling in {} took {ms} ms",
-                    crate::ceiling::FILE_NAME
+                    ceiling::FILE_NAME
                 )
             });
             match written {
@@ -447,9 +446,10 @@ impl LeaseWorker {
                     shmem::update_lease_status(|status| status.ceiling_error = Text::default());
                 }
                 Err(failure) => {
+                    recorded = false;
                     let text = format!(
                         "could not record the ceiling in {}: {failure}",
-                        crate::ceiling::FILE_NAME
+                        ceiling::FILE_NAME
                     );
                     let first = shmem::update_lease_status(|status| {
                         let first = status.ceiling_error.as_str().is_empty();
@@ -459,18 +459,11 @@ impl LeaseWorker {
                     if first {
                         log!("snowid lease worker {text}; ids stop at the ceiling recorded before, {} ms after 2026-01-01", held.ceiling_ms);
                     }
-                    error = Some(text);
                 }
             }
         }
-        let reserved = held.reserved_until_ms.min(held.ceiling_ms);
-        // Callers that reach a ceiling recorded wait for the next one; one that could not be
-        // recorded is a bound until a write succeeds.
-        let moves_up_to = if error.is_none() {
-            held.reserved_until_ms
-        } else {
-            reserved
-        };
+        let (reserved, moves_up_to) =
+            ceiling::gate_bounds(held.reserved_until_ms, held.ceiling_ms, recorded);
         self.state
             .open_gate(&grant(held, reserved, moves_up_to, floor_ms));
     }
