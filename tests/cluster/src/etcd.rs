@@ -3,6 +3,7 @@
 
 use crate::free_port;
 use crate::network::Host;
+use crate::signal;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -34,15 +35,6 @@ impl Drop for EtcdCluster {
             let _ = fs::remove_dir_all(self.dir.join(name));
         }
     }
-}
-
-/// Sends `signal` (`-STOP`, say) to `pid`.
-pub fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {signal} {pid}");
 }
 
 /// The files of an etcd cluster served over TLS that verifies its clients' certificates.

@@ -8,6 +8,7 @@
 //! already be installed.
 
 pub mod etcd;
+pub mod ids;
 pub mod loss;
 pub mod nemesis;
 pub mod network;
@@ -1061,6 +1062,15 @@ pub fn server_version_num(client: &mut Client) -> i32 {
         .unwrap()
         .get(0);
     text.parse().unwrap()
+}
+
+/// Sends `how` (`-STOP`, say) to the process `pid`.
+pub fn signal(pid: impl std::fmt::Display, how: &str) {
+    let status = Command::new("kill")
+        .args([how, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {how} {pid}");
 }
 
 /// Checks `done` every 100 ms until it holds; fails the test after `limit`.

@@ -2,6 +2,7 @@
 //! was taken (a restored dump, a point-in-time recovery, etcd keys written back), and a server that
 //! joins right after: every id of every server is collected.
 
+use crate::ids::worker_of;
 use crate::{calls_during, distinct_ids, next_id, wait_for_lease_state, Call, Node};
 use postgres::Client;
 use std::time::{Duration, Instant};
@@ -170,11 +171,6 @@ impl LossRun {
         refusals.dedup();
         refusals
     }
-}
-
-/// The worker id of an id.
-pub fn worker_of(id: i64) -> i64 {
-    (id >> 12) & 1023
 }
 
 fn worker_of_next_id(client: &mut Client) -> i64 {

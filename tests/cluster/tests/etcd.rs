@@ -7,6 +7,7 @@
 
 use postgres::Client;
 use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
+use snowid_cluster_tests::ids::{millis_now, millis_of, worker_of};
 use snowid_cluster_tests::loss::{
     fleet_through_a_registry_loss, FLEET, NEWCOMER_WORKER_ID, NOT_ACQUIRED,
 };
@@ -20,10 +21,9 @@ use std::collections::HashSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// snowid's epoch, 2026-01-01, in Unix ms.
-const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
 
 fn directory(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("snowid-etcd-{name}-{}", std::process::id()));
@@ -56,22 +56,6 @@ fn status(client: &mut Client) -> (String, Option<i32>, Option<String>, String, 
         )
         .unwrap();
     (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
-}
-
-fn worker_of(id: i64) -> i64 {
-    (id >> 12) & 1023
-}
-
-fn millis_of(id: i64) -> i64 {
-    id >> 22
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-        - EPOCH_UNIX_MS
 }
 
 fn mark(etcd: &EtcdCluster, worker_id: u16) -> i64 {
@@ -143,7 +127,7 @@ fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
     );
     // The mark is this holder's reservation: its clock plus the time-to-live.
     let first_mark = mark(&etcd, 5);
-    let now = now_ms();
+    let now = millis_now();
     assert!(
         (now..=now + 6_000).contains(&first_mark),
         "{first_mark} against {now}"
@@ -178,7 +162,7 @@ fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
     // Lowered to the clock at the shutdown, from a reservation about 6 s ahead.
     let released = mark(&etcd, 5);
     assert!(
-        millis_of(last) < released && released <= now_ms() + 1 && released < reserved - 3_000,
+        millis_of(last) < released && released <= millis_now() + 1 && released < reserved - 3_000,
         "released at {released}, last id at {}, reserved until {reserved}",
         millis_of(last)
     );

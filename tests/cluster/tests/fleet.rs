@@ -25,17 +25,17 @@
 //!   fast shutdown, which tries to release the lease, by at most a second.
 
 use postgres::Client;
+use snowid_cluster_tests::ids::unix_ms;
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    error_text, give_to_postgres, wait_for, wait_for_lease_state, Cluster, Node,
+    error_text, give_to_postgres, signal, wait_for, wait_for_lease_state, Cluster, Node,
 };
 use std::collections::HashSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// The registry roles' password; spaces and all, it must reach libpq intact.
 const PASSWORD: &str = "correct horse 7";
@@ -662,14 +662,6 @@ fn await_two_renewals(admin: &mut Client, worker_id: i32, holder: &Option<String
     );
 }
 
-/// Milliseconds since 1970 by this machine's clock, which the registries share.
-fn unix_ms_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 #[test]
 fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby() {
     const LEASE_TTL_MS: i64 = 10_000;
@@ -751,7 +743,7 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
         let before: Vec<LeaseRow> = (1..=3)
             .map(|worker| lease_row(&mut client, worker))
             .collect();
-        let killed_at = unix_ms_now();
+        let killed_at = unix_ms();
         let killed = Instant::now();
         primary.stop("immediate");
         standby.promote();
@@ -870,25 +862,20 @@ fn a_registry_that_stops_answering_delays_a_holders_fast_shutdown_by_at_most_a_s
     assert_holds(&node, 1);
     // Every process of the registry stops where it is: connections stay open, nothing answers.
     let processes = registry.processes();
-    signal(&processes, "-STOP");
+    for process in &processes {
+        signal(process, "-STOP");
+    }
     let stopping = Instant::now();
     node.cluster.stop("fast");
     let took = stopping.elapsed();
-    signal(&processes, "-CONT");
+    for process in &processes {
+        signal(process, "-CONT");
+    }
     println!("a fast shutdown took {took:?} while the registry was stopped");
     assert!(
         took < Duration::from_secs(2),
         "a fast shutdown took {took:?}"
     );
-}
-
-fn signal(processes: &[String], signal: &str) {
-    let status = Command::new("kill")
-        .arg(signal)
-        .args(processes)
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 #[test]

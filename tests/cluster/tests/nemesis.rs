@@ -2,9 +2,8 @@
 //! finds each violation it looks for in a history made to hold it, and nothing in one without.
 //! The schedule itself runs from scripts/nemesis.sh (scripts/test.sh runs it twice).
 
-use snowid_cluster_tests::nemesis::checker::{
-    check, documented_refusal, ClockChange, NodeLog, EPOCH_UNIX_MS,
-};
+use snowid_cluster_tests::ids::EPOCH_UNIX_MS;
+use snowid_cluster_tests::nemesis::checker::{check, documented_refusal, ClockChange, NodeLog};
 use snowid_cluster_tests::nemesis::clients::{Call, Outcome};
 use snowid_cluster_tests::nemesis::schedule::{plan, Channel, Fault, Registry};
 use std::time::Duration;

@@ -8,8 +8,9 @@
 //! UTC midnights and keeps days ahead of the newest row.
 
 use postgres::Client;
+use snowid_cluster_tests::ids::unix_ms;
 use snowid_cluster_tests::{error_text, server_version_num, Cluster};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The ids of one UTC day: 86,400,000 ms above the worker id and sequence bits.
 const DAY_OF_IDS: i64 = 86_400_000 << 22;
@@ -447,11 +448,4 @@ fn pg_partman_with_a_day_of_ids_as_interval_makes_partitions_from_utc_midnight_t
 /// A row of [`rows_per_partition`] for the partman partition of `day`.
 fn partman_count(day: i64, rows: i64) -> (String, i64) {
     (partman_partition(day).0, rows)
-}
-
-fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }

@@ -17,8 +17,9 @@
 //! them (a real split). With one worker id on both nodes, a misconfiguration the standby reports
 //! before it matters: no id is received twice either, and the promoted node's wait is measured.
 
-use snowid_cluster_tests::etcd::{signal, EtcdCluster, Process};
-use snowid_cluster_tests::{free_port, host_name, pg_config, Cluster};
+use snowid_cluster_tests::etcd::{EtcdCluster, Process};
+use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
+use snowid_cluster_tests::{free_port, host_name, pg_config, signal, Cluster};
 use std::collections::HashMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -26,11 +27,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const CONTRIB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/patroni");
 /// snowid's epoch, 2026-01-01, in Unix ms.
-const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
 /// snowid.lease_ttl: the default.
 const LEASE_TTL: Duration = Duration::from_secs(30);
 /// The worker id both nodes share where they are configured with one.
@@ -427,18 +427,6 @@ fn psql(conninfo: &str, sql: &str) -> Result<String, String> {
     }
 }
 
-fn unix_ms_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-/// The Unix millisecond an id was issued in.
-fn issued_unix_ms(id: i64) -> i64 {
-    (id >> 22) + EPOCH_UNIX_MS
-}
-
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Instant {
     let started = Instant::now();
     loop {
@@ -456,7 +444,7 @@ fn wait_for_promotion(node: &Node, limit: Duration) -> (Instant, i64) {
     let at = wait_until(&format!("{} promoted", node.name), limit, || {
         node.is_primary() == Some(true)
     });
-    (at, unix_ms_now())
+    (at, unix_ms())
 }
 
 /// An id a client received: when, and from which server (its port).
@@ -877,7 +865,7 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
         }
         Fault::NodeFrozen | Fault::PatroniAndPostmasterFrozen => {}
     }
-    let (faulted, faulted_unix_ms) = (Instant::now(), unix_ms_now());
+    let (faulted, faulted_unix_ms) = (Instant::now(), unix_ms());
     let promotion_limit = Duration::from_secs(u64::from(timing.ttl) * 3 + 30);
     let (promoted, promoted_unix_ms) = wait_for_promotion(&cluster.two, promotion_limit);
     if fault == Fault::NodeFrozen {
@@ -911,9 +899,7 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
     let from_one_after: Vec<&Received> = seen
         .ids
         .iter()
-        .filter(|received| {
-            received.port == one_port && issued_unix_ms(received.id) > promoted_unix_ms
-        })
+        .filter(|received| received.port == one_port && unix_ms_of(received.id) > promoted_unix_ms)
         .collect();
     println!(
         "{what}: node2 promoted {:.1} s after the fault, {}; node1 issued {} ids after the \
@@ -988,7 +974,7 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
                 .ids
                 .iter()
                 .filter(|received| {
-                    received.port == one_port && issued_unix_ms(received.id) > faulted_unix_ms
+                    received.port == one_port && unix_ms_of(received.id) > faulted_unix_ms
                 })
                 .collect();
             assert!(

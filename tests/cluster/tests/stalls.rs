@@ -5,10 +5,10 @@
 //! the data directory. Every id is collected: all are distinct and increase.
 
 use postgres::Client;
-use snowid_cluster_tests::{error_text, lease_worker_pid, Cluster, Node};
-use std::process::Command;
+use snowid_cluster_tests::ids::{millis_of, unix_ms};
+use snowid_cluster_tests::{error_text, lease_worker_pid, signal, Cluster, Node};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const WORKER_ID: u16 = 5;
 /// How often the application calls `snowid_next()`.
@@ -47,27 +47,12 @@ fn leased_server(registry: Registry, settings: &[&str]) -> (Cluster, Client, Opt
     }
 }
 
-fn signal(pid: i32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {signal} {pid}");
-}
-
 /// One call of the application: when it started and ended (Unix ms), and its id or refusal.
 struct Call {
     started: Instant,
     took: Duration,
     ended_unix_ms: i64,
     result: Result<i64, String>,
-}
-
-fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }
 
 /// Calls `snowid_next()` every 10 ms while `during` runs, and for a second after; returns the calls.
@@ -146,10 +131,6 @@ fn recorded_ceiling_ms(cluster: &Cluster) -> i64 {
         .find_map(|line| line.strip_prefix("below_ms "))
         .expect("a ceiling file");
     below.parse().unwrap()
-}
-
-fn millis_of(id: i64) -> i64 {
-    id >> 22
 }
 
 fn counter(client: &mut Client, column: &str) -> i64 {

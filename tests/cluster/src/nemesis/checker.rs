@@ -14,16 +14,8 @@
 //!   restarted after a crash of a process more often than the nemesis killed its lease worker.
 
 use super::clients::{Call, Outcome};
-use crate::loss::worker_of;
+use crate::ids::{unix_ms_of, worker_of};
 use std::collections::{BTreeMap, HashMap};
-
-/// snowid's epoch, 2026-01-01 00:00:00 UTC, in Unix milliseconds.
-pub const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
-
-/// The time of `id`, in Unix milliseconds.
-pub fn unix_ms_of(id: i64) -> i64 {
-    (id >> 22) + EPOCH_UNIX_MS
-}
 
 /// One change of a node's clock offset: the offset was `before_ms` until `from_us` and
 /// `after_ms` from `until_us` on (the client's clock, Unix microseconds); either in between.

@@ -5,10 +5,11 @@
 //! clock before and after it, and with the node's lease state as `snowid_status()` reported it in
 //! the same statement.
 
+use crate::ids::unix_us;
 use crate::Cluster;
 use postgres::Client;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// One call of an application.
 #[derive(Clone, Debug)]
@@ -117,12 +118,4 @@ fn outcome_of(error: &postgres::Error) -> Outcome {
 /// exceptions (class 08).
 fn is_server_going_away(sqlstate: &str) -> bool {
     matches!(sqlstate, "57P01" | "57P02" | "57P03") || sqlstate.starts_with("08")
-}
-
-/// The client's clock, in Unix microseconds.
-pub fn unix_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
 }

@@ -4,8 +4,9 @@
 //! mistake, so that at every fault the registry decides which of n1 and n4 may issue under it.
 
 use super::schedule::{node_name, Fault, Registry, MAX_CLOCK_BACKWARD_MS, NODES};
-use crate::etcd::{signal, EtcdCluster};
+use crate::etcd::EtcdCluster;
 use crate::network::{self, Host, Network};
+use crate::signal;
 use crate::{try_lease_worker_pid, wait_for_lease_state, Cluster};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};

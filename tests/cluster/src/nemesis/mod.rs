@@ -8,8 +8,9 @@ pub mod fleet;
 pub mod report;
 pub mod schedule;
 
+use crate::ids::unix_us;
 use checker::ClockChange;
-use clients::{unix_us, Call, Style};
+use clients::{Call, Style};
 use fleet::{lock, Fleet};
 use schedule::{Channel, Fault, Planned, Registry};
 use std::path::PathBuf;
