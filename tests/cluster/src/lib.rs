@@ -12,6 +12,7 @@ pub mod ids;
 pub mod loss;
 pub mod nemesis;
 pub mod network;
+pub mod patroni;
 pub mod tls;
 
 use network::Host;
@@ -1074,11 +1075,25 @@ pub fn signal(pid: impl std::fmt::Display, how: &str) {
 }
 
 /// Checks `done` every 100 ms until it holds; fails the test after `limit`.
-pub fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnMut() -> bool) {
-    let started = std::time::Instant::now();
-    while !done() {
+pub fn wait_for(what: &str, limit: Duration, done: impl FnMut() -> bool) {
+    wait_every(what, limit, Duration::from_millis(100), done);
+}
+
+/// Checks `done` every `every` until it holds, and returns when it did; fails the test after
+/// `limit`.
+pub fn wait_every(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Instant {
+    let started = Instant::now();
+    loop {
+        if done() {
+            return Instant::now();
+        }
         assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::thread::sleep(every);
     }
 }
 
