@@ -17,7 +17,7 @@ use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
 use crate::generator::{Grant, IssuingState};
 use crate::lease::{self, Answer, Claim, Granted, State, Text, Timing};
-use crate::registry::{Held, Registry};
+use crate::registry::{ClaimRequest, Held, Registry};
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, server, shmem};
 use pgrx::bgworkers::{
@@ -267,9 +267,13 @@ impl LeaseWorker {
                 worker_id: held.worker_id,
                 tenure,
             });
-        let answer =
-            self.registry
-                .claim(&self.me, self.claiming, self.timing, reserve_until_ms, held);
+        let answer = self.registry.claim(&ClaimRequest {
+            me: &self.me,
+            worker_id: self.claiming,
+            timing: self.timing,
+            reserve_until_ms,
+            held,
+        });
         if answer.is_ok() {
             self.inherited = None;
             // A failed claim is logged as such.

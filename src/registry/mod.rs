@@ -37,26 +37,18 @@ impl Registry {
         matches!(self, Registry::Local(_))
     }
 
-    /// Claims `worker_id`'s lease, or any free worker id's, for a server that issues under `held`,
-    /// which a shared registry or etcd that may have lost its record of that lease takes its word
-    /// for. Returns the worker id claimed (none when every one is leased) and the registry's answer.
-    pub fn claim(
-        &mut self,
-        me: &Claimant,
-        worker_id: Option<u16>,
-        timing: Timing,
-        reserve_until_ms: u64,
-        held: Option<Held>,
-    ) -> Result<Answer, String> {
+    /// Asks for the lease `request` describes: the worker id claimed (none when every one is
+    /// leased) and what came of it.
+    pub fn claim(&mut self, request: &ClaimRequest) -> Result<Answer, String> {
         let local = self.is_local();
         match self {
-            Registry::Etcd(etcd) => etcd.claim(me, worker_id, timing, reserve_until_ms, held),
+            Registry::Etcd(etcd) => etcd.claim(request),
             Registry::Local(registry) => {
-                let call = ClaimCall::new(me, worker_id, timing, reserve_until_ms, held, local);
+                let call = ClaimCall::new(request, local);
                 Ok(registry.claim(call.sql, &call.params)?.answer())
             }
             Registry::Remote(registry) => {
-                let call = ClaimCall::new(me, worker_id, timing, reserve_until_ms, held, local);
+                let call = ClaimCall::new(request, local);
                 let holding = (call.holding_sql, call.holding);
                 Ok(registry.claim(call.sql, &call.params, holding)?.answer())
             }
@@ -77,13 +69,14 @@ impl Registry {
             Param::Text(me.holder.clone()),
             Param::Bool(!self.is_local()),
         ];
-        let name = match self {
-            Registry::Etcd(etcd) => return etcd.other_holder(me, worker_id, timing),
-            Registry::Local(local) => local.other_holder(&params)?,
-            Registry::Remote(remote) => remote.other_holder(&params)?,
+        // Its name, and who it is where the registry says.
+        let found = match self {
+            Registry::Etcd(etcd) => etcd.other_holder(me, worker_id, timing)?,
+            Registry::Local(local) => local.other_holder(&params)?.map(|(n, h)| (n, Some(h))),
+            Registry::Remote(remote) => remote.other_holder(&params)?.map(|(n, h)| (n, Some(h))),
         };
-        Ok(name.map(|(name, holder)| OtherHolder {
-            is: OtherHolderIs::of(&name, Some(&holder), &me.name, &me.holder),
+        Ok(found.map(|(name, holder)| OtherHolder {
+            is: OtherHolderIs::of(&name, holder.as_deref(), &me.name, &me.holder),
             name,
         }))
     }
@@ -116,6 +109,18 @@ pub struct OtherHolder {
     pub is: OtherHolderIs,
 }
 
+/// A claim of `worker_id`'s lease, or with `None` of any free worker id's, by `me`, reserving ids
+/// up to `reserve_until_ms` (ms since the snowid epoch) for `timing`'s time-to-live. `held` is the
+/// lease this run of the server issues under, whose word a shared registry or etcd that may have
+/// lost its record of that lease takes.
+pub struct ClaimRequest<'a> {
+    pub me: &'a Claimant,
+    pub worker_id: Option<u16>,
+    pub timing: Timing,
+    pub reserve_until_ms: u64,
+    pub held: Option<Held>,
+}
+
 /// A claim through the lease functions of a PostgreSQL registry: the function (as the registry
 /// knows of the lease held or not) and its parameters, in their order.
 struct ClaimCall {
@@ -127,14 +132,14 @@ struct ClaimCall {
 }
 
 impl ClaimCall {
-    fn new(
-        me: &Claimant,
-        worker_id: Option<u16>,
-        timing: Timing,
-        reserve_until_ms: u64,
-        held: Option<Held>,
-        local: bool,
-    ) -> ClaimCall {
+    fn new(request: &ClaimRequest, local: bool) -> ClaimCall {
+        let ClaimRequest {
+            me,
+            worker_id,
+            timing,
+            reserve_until_ms,
+            held,
+        } = *request;
         let mut params = vec![];
         let (sql, holding_sql, holding) = match worker_id {
             Some(worker_id) => {

@@ -130,8 +130,7 @@ impl Etcd {
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<i64, Failure> {
-        let body = json!({"ID": lease.to_string()});
-        let reply = self.call("/v3/lease/keepalive", body, budget, stop)?;
+        let reply = self.lease_call("/v3/lease/keepalive", lease, budget, stop)?;
         Ok(int(&reply.body["result"]["TTL"]))
     }
 
@@ -142,9 +141,19 @@ impl Etcd {
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<i64, Failure> {
-        let body = json!({"ID": lease.to_string()});
-        let reply = self.call("/v3/lease/timetolive", body, budget, stop)?;
+        let reply = self.lease_call("/v3/lease/timetolive", lease, budget, stop)?;
         Ok(int(&reply.body["TTL"]))
+    }
+
+    /// Calls `path` of etcd's lease API on the etcd lease `lease`.
+    fn lease_call(
+        &mut self,
+        path: &str,
+        lease: i64,
+        budget: Instant,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Reply, Failure> {
+        self.call(path, json!({"ID": lease.to_string()}), budget, stop)
     }
 
     pub(super) fn call(

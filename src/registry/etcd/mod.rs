@@ -10,9 +10,9 @@ pub mod setting;
 
 pub use claims::Held;
 
-use super::{OtherHolder, NO_ANSWER, RELEASE_BUDGET, STOPPED};
+use super::{ClaimRequest, NO_ANSWER, RELEASE_BUDGET, STOPPED};
 use crate::claimant::Claimant;
-use crate::lease::{Answer, OtherHolderIs, Text, Timing};
+use crate::lease::{Answer, Text, Timing};
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
 use crate::{server, shmem};
 use calls::Etcd;
@@ -46,56 +46,41 @@ impl EtcdRegistry {
         }
     }
 
-    pub fn claim(
-        &mut self,
-        me: &Claimant,
-        worker_id: Option<u16>,
-        timing: Timing,
-        reserve_until_ms: u64,
-        held: Option<Held>,
-    ) -> Result<Answer, String> {
+    pub fn claim(&mut self, claim: &ClaimRequest) -> Result<Answer, String> {
         let request = Request {
-            holder: &me.holder,
-            incarnation: &me.incarnation,
-            name: &me.name,
-            ttl: timing.ttl,
-            reserve_until_ms,
+            holder: &claim.me.holder,
+            incarnation: &claim.me.incarnation,
+            name: &claim.me.name,
+            ttl: claim.timing.ttl,
+            reserve_until_ms: claim.reserve_until_ms,
             now_unix_us: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |since| since.as_micros() as i64),
-            held,
+            held: claim.held,
         };
         // A claim that cannot finish within a renewal interval gives way to the next, which starts
         // at the next member, so that the status says the registry is unreachable well before
         // the lease's deadline.
-        let budget = Instant::now() + timing.renew_every();
+        let budget = Instant::now() + claim.timing.renew_every();
         self.etcd
-            .claim(worker_id, &request, budget, &mut stop)
+            .claim(claim.worker_id, &request, budget, &mut stop)
             .map_err(text)
     }
 
     /// Who else holds `worker_id` under a live etcd lease, for a standby (see
-    /// `Registry::other_holder`).
+    /// `Registry::other_holder`): its name, and who it is if its keys say.
     pub fn other_holder(
         &mut self,
         me: &Claimant,
         worker_id: u16,
         timing: Timing,
-    ) -> Result<Option<OtherHolder>, String> {
+    ) -> Result<Option<(String, Option<String>)>, String> {
         let budget = Instant::now() + timing.renew_every();
         let found = self
             .etcd
             .other_holder(worker_id, &me.holder, budget, &mut stop)
             .map_err(text)?;
-        Ok(found.map(|(name, record)| OtherHolder {
-            is: OtherHolderIs::of(
-                &name,
-                record.as_ref().map(|record| record.holder.as_str()),
-                &me.name,
-                &me.holder,
-            ),
-            name,
-        }))
+        Ok(found.map(|(name, record)| (name, record.map(|record| record.holder))))
     }
 
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
