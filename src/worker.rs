@@ -17,7 +17,7 @@ use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
 use crate::generator::{Grant, IssuingState};
 use crate::lease::{self, Answer, Claim, Granted, State, Text, Timing};
-use crate::registry::{ClaimRequest, Held, Registry};
+use crate::registry::{ClaimRequest, Held, Registry, Release};
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, server, shmem};
 use pgrx::bgworkers::{
@@ -220,6 +220,7 @@ impl LeaseWorker {
                 }
             }
             Err(error) => {
+                let error = error.to_string();
                 shmem::update_lease_status(|status| status.last_error = Text::new(&error));
             }
         }
@@ -309,7 +310,7 @@ impl LeaseWorker {
                 claim: Claim::Granted(_),
             }) => self.registry_failed("the registry granted a lease without naming its worker id"),
             Err(_) if signals::shutting_down() => Duration::ZERO,
-            Err(error) => self.registry_failed(&error),
+            Err(error) => self.registry_failed(&error.to_string()),
         }
     }
 
@@ -484,7 +485,12 @@ impl LeaseWorker {
         else {
             return;
         };
-        if let Err(error) = self.registry.release(&self.me, worker_id, high_water_ms) {
+        let release = Release {
+            me: &self.me,
+            worker_id,
+            high_water_ms,
+        };
+        if let Err(error) = self.registry.release(&release) {
             return log!(
                 "snowid lease worker could not release the lease on worker id {worker_id}: {error}"
             );

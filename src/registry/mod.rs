@@ -39,13 +39,14 @@ impl Registry {
 
     /// Asks for the lease `request` describes: the worker id claimed (none when every one is
     /// leased) and what came of it.
-    pub fn claim(&mut self, request: &ClaimRequest) -> Result<Answer, String> {
+    pub fn claim(&mut self, request: &ClaimRequest) -> Result<Answer, Failure> {
         let local = self.is_local();
         match self {
             Registry::Etcd(etcd) => etcd.claim(request),
             Registry::Local(registry) => {
                 let call = ClaimCall::new(request, local);
-                Ok(registry.claim(call.sql, &call.params)?.answer())
+                let row = registry.claim(call.sql, &call.params);
+                Ok(row.map_err(Failure::Error)?.answer())
             }
             Registry::Remote(registry) => {
                 let call = ClaimCall::new(request, local);
@@ -63,7 +64,7 @@ impl Registry {
         me: &Claimant,
         worker_id: u16,
         timing: Timing,
-    ) -> Result<Option<OtherHolder>, String> {
+    ) -> Result<Option<OtherHolder>, Failure> {
         let params = [
             Param::Int(i32::from(worker_id)),
             Param::Text(me.holder.clone()),
@@ -72,7 +73,10 @@ impl Registry {
         // Its name, and who it is where the registry says.
         let found = match self {
             Registry::Etcd(etcd) => etcd.other_holder(me, worker_id, timing)?,
-            Registry::Local(local) => local.other_holder(&params)?.map(|(n, h)| (n, Some(h))),
+            Registry::Local(local) => local
+                .other_holder(&params)
+                .map_err(Failure::Error)?
+                .map(|(n, h)| (n, Some(h))),
             Registry::Remote(remote) => remote.other_holder(&params)?.map(|(n, h)| (n, Some(h))),
         };
         Ok(found.map(|(name, holder)| OtherHolder {
@@ -81,13 +85,13 @@ impl Registry {
         }))
     }
 
-    /// Releases `worker_id`'s lease, lowering its mark to `high_water_ms`.
-    pub fn release(
-        &mut self,
-        me: &Claimant,
-        worker_id: u16,
-        high_water_ms: u64,
-    ) -> Result<(), String> {
+    /// Gives the lease `release` names back.
+    pub fn release(&mut self, release: &Release) -> Result<(), Failure> {
+        let Release {
+            me,
+            worker_id,
+            high_water_ms,
+        } = *release;
         let params = [
             Param::Int(i32::from(worker_id)),
             Param::Text(me.holder.clone()),
@@ -96,8 +100,8 @@ impl Registry {
             Param::Big(i64::from(server::timeline())),
         ];
         match self {
-            Registry::Etcd(etcd) => etcd.release(me, worker_id, high_water_ms),
-            Registry::Local(local) => local.release(&params),
+            Registry::Etcd(etcd) => etcd.release(release),
+            Registry::Local(local) => local.release(&params).map_err(Failure::Error),
             Registry::Remote(remote) => remote.release(&params),
         }
     }
@@ -119,6 +123,14 @@ pub struct ClaimRequest<'a> {
     pub timing: Timing,
     pub reserve_until_ms: u64,
     pub held: Option<Held>,
+}
+
+/// The release of `worker_id`'s lease, held by `me`, lowering its mark to `high_water_ms` (above
+/// every id issued under it).
+pub struct Release<'a> {
+    pub me: &'a Claimant,
+    pub worker_id: u16,
+    pub high_water_ms: u64,
 }
 
 /// A claim through the lease functions of a PostgreSQL registry: the function (as the registry
@@ -196,9 +208,28 @@ pub fn description() -> String {
 /// released runs out by itself.
 const RELEASE_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Why a shared registry's call ended: the server's shutdown, or the registry's silence.
-const STOPPED: &str = "interrupted by the server's shutdown";
-const NO_ANSWER: &str = "the registry did not answer in time";
+/// Why a registry call failed, whatever the registry and its transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The server's shutdown interrupted it.
+    Stopped,
+    /// The deadline passed without an answer.
+    TimedOut,
+    /// etcd refused the request itself, with this gRPC code; any member would.
+    Refused { code: i64, message: String },
+    /// Why it failed, in the words of the registry, libpq or libcurl.
+    Error(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Failure::Stopped => f.write_str("interrupted by the server's shutdown"),
+            Failure::TimedOut => f.write_str("the registry did not answer in time"),
+            Failure::Refused { message, .. } | Failure::Error(message) => f.write_str(message),
+        }
+    }
+}
 
 /// A parameter of a registry call, for either kind of registry.
 #[derive(Clone)]

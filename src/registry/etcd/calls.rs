@@ -2,9 +2,10 @@
 //! that applies only if they are unchanged, keeping an etcd lease alive and asking how long one has
 //! left, all through the gateway.
 
-use super::gateway::{decode, encode, Failure, Gateway, Reply};
-use super::keys::{Slot, Snapshot, WORKER_IDS};
+use super::gateway::{decode, encode, Gateway, Reply};
+use super::keys::{KeysRead, Slot, WORKER_IDS};
 use super::setting::Setting;
+use crate::registry::Failure;
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -34,7 +35,7 @@ impl Etcd {
         worker_id: u16,
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,
-    ) -> Result<Snapshot, Failure> {
+    ) -> Result<KeysRead, Failure> {
         let ranges: Vec<Value> = ["workers", "holders", "marks"]
             .iter()
             .map(|kind| json!({"request_range": {"key": encode(&self.key(kind, worker_id))}}))
@@ -45,7 +46,7 @@ impl Etcd {
                 .get(0)
                 .map_or(Ok(Slot::default()), slot_of)
         };
-        Ok(Snapshot {
+        Ok(KeysRead {
             worker: slot(0)?,
             holding: slot(1)?,
             mark: slot(2)?,
@@ -94,7 +95,7 @@ impl Etcd {
     pub(super) fn commit(
         &mut self,
         worker_id: u16,
-        snapshot: &Snapshot,
+        snapshot: &KeysRead,
         ops: Vec<Value>,
         budget: Instant,
         stop: &mut dyn FnMut() -> bool,

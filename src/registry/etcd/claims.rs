@@ -23,10 +23,11 @@
 //! until the lease runs out.
 
 use super::calls::{delete, int, put, Etcd};
-use super::gateway::{is_lease_taken, is_not_found, Failure};
+use super::gateway::{is_lease_taken, is_not_found};
 pub use super::keys::{lease_id, Held, Holder, Request};
-use super::keys::{new_mark, plan, Plan, Snapshot, WORKER_IDS};
+use super::keys::{new_mark, plan, KeysRead, Plan, WORKER_IDS};
 use crate::lease::{Answer, Claim, Granted};
+use crate::registry::Failure;
 use serde_json::json;
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -254,7 +255,7 @@ impl Etcd {
     /// `None` when its keys changed meanwhile; `Continue` with the holder when the lease ran out.
     fn renew(
         &mut self,
-        snapshot: &Snapshot,
+        snapshot: &KeysRead,
         renewal: Renewal,
         holder: Holder,
         budget: Instant,
@@ -293,7 +294,7 @@ impl Etcd {
     fn take(
         &mut self,
         worker_id: u16,
-        snapshot: &Snapshot,
+        snapshot: &KeysRead,
         request: &Request,
         new_mark_ms: u64,
         holder: Holder,

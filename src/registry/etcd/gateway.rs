@@ -6,6 +6,7 @@
 //! that answered last is asked first next time.
 
 use super::setting::Setting;
+use crate::registry::Failure;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use curl::easy::{Easy2, Handler, List, WriteError};
@@ -21,18 +22,6 @@ const MAX_ANSWER: usize = 4 << 20;
 
 /// How often a request in flight looks at `stop`.
 const STOP_CHECK_EVERY: Duration = Duration::from_millis(20);
-
-#[derive(Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// `stop` said so while waiting.
-    Stopped,
-    /// The deadline passed.
-    TimedOut,
-    /// etcd refused the request itself, with this gRPC code; any member would.
-    Refused { code: i64, message: String },
-    /// Why no member answered.
-    Error(String),
-}
 
 /// An answer of etcd.
 pub struct Reply {

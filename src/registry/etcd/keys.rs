@@ -88,7 +88,7 @@ pub struct Slot {
 
 /// A worker id's three keys, read together.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot {
+pub struct KeysRead {
     pub worker: Slot,
     pub holding: Slot,
     pub mark: Slot,
@@ -96,7 +96,7 @@ pub struct Snapshot {
     pub registry_unix_ms: i64,
 }
 
-impl Snapshot {
+impl KeysRead {
     pub fn holder(&self) -> Option<Holder> {
         Holder::from_json(self.holding.value.as_deref()?)
     }
@@ -137,7 +137,7 @@ pub enum Plan {
 }
 
 /// Decides a claim of the worker id `snapshot` shows.
-pub fn plan(snapshot: &Snapshot, request: &Request) -> Result<Plan, String> {
+pub fn plan(snapshot: &KeysRead, request: &Request) -> Result<Plan, String> {
     let mark_ms = snapshot.mark_ms()?;
     // A key bound to no etcd lease was written back by hand, and holds nothing.
     let Some(name) = snapshot
@@ -204,8 +204,8 @@ mod tests {
         }
     }
 
-    fn snapshot(holding: Option<&Holder>, mark_ms: u64) -> Snapshot {
-        Snapshot {
+    fn snapshot(holding: Option<&Holder>, mark_ms: u64) -> KeysRead {
+        KeysRead {
             worker: Slot {
                 value: holding.map(|holding| holding.name.clone()),
                 lease: holding.map_or(0, |_| 77),

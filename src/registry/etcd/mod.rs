@@ -10,14 +10,13 @@ pub mod setting;
 
 pub use claims::Held;
 
-use super::{ClaimRequest, NO_ANSWER, RELEASE_BUDGET, STOPPED};
+use super::{ClaimRequest, Failure, Release, RELEASE_BUDGET};
 use crate::claimant::Claimant;
 use crate::lease::{Answer, Text, Timing};
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
 use crate::{server, shmem};
 use calls::Etcd;
 use claims::Request;
-use gateway::Failure;
 use pgrx::bgworkers::BackgroundWorker;
 use setting::Setting;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -46,7 +45,7 @@ impl EtcdRegistry {
         }
     }
 
-    pub fn claim(&mut self, claim: &ClaimRequest) -> Result<Answer, String> {
+    pub fn claim(&mut self, claim: &ClaimRequest) -> Result<Answer, Failure> {
         let request = Request {
             holder: &claim.me.holder,
             incarnation: &claim.me.incarnation,
@@ -64,7 +63,6 @@ impl EtcdRegistry {
         let budget = Instant::now() + claim.timing.renew_every();
         self.etcd
             .claim(claim.worker_id, &request, budget, &mut stop)
-            .map_err(text)
     }
 
     /// Who else holds `worker_id` under a live etcd lease, for a standby (see
@@ -74,34 +72,26 @@ impl EtcdRegistry {
         me: &Claimant,
         worker_id: u16,
         timing: Timing,
-    ) -> Result<Option<(String, Option<String>)>, String> {
+    ) -> Result<Option<(String, Option<String>)>, Failure> {
         let budget = Instant::now() + timing.renew_every();
         let found = self
             .etcd
-            .other_holder(worker_id, &me.holder, budget, &mut stop)
-            .map_err(text)?;
+            .other_holder(worker_id, &me.holder, budget, &mut stop)?;
         Ok(found.map(|(name, record)| (name, record.map(|record| record.holder))))
     }
 
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
     /// the members do; a lease not released runs out by itself.
-    pub fn release(
-        &mut self,
-        me: &Claimant,
-        worker_id: u16,
-        high_water_ms: u64,
-    ) -> Result<(), String> {
+    pub fn release(&mut self, release: &Release) -> Result<(), Failure> {
         let budget = Instant::now() + RELEASE_BUDGET;
-        self.etcd
-            .release(
-                worker_id,
-                &me.holder,
-                &me.incarnation,
-                high_water_ms,
-                budget,
-                &mut stop,
-            )
-            .map_err(text)
+        self.etcd.release(
+            release.worker_id,
+            &release.me.holder,
+            &release.me.incarnation,
+            release.high_water_ms,
+            budget,
+            &mut stop,
+        )
     }
 }
 
@@ -114,12 +104,4 @@ pub fn description(registry: &str) -> String {
 fn stop() -> bool {
     server::absorb_barriers();
     sigterm_arrived()
-}
-
-fn text(failure: Failure) -> String {
-    match failure {
-        Failure::Stopped => STOPPED.into(),
-        Failure::TimedOut => NO_ANSWER.into(),
-        Failure::Refused { message, .. } | Failure::Error(message) => message,
-    }
 }

@@ -8,13 +8,13 @@
 mod conninfo;
 mod pq;
 
-use super::{Param, NO_ANSWER, RELEASE_BUDGET, STOPPED};
+use super::{Failure, Param, RELEASE_BUDGET};
 use crate::lease::{self, ClaimRow, Text};
 use crate::shmem;
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
 use conninfo::{lookup, Options};
 use pgrx::bgworkers::BackgroundWorker;
-use pq::{Connection, Failure};
+use pq::Connection;
 use std::time::{Duration, Instant};
 
 pub struct Remote {
@@ -59,7 +59,7 @@ impl Remote {
         sql: &str,
         params: &[Param],
         holding: (&str, Param),
-    ) -> Result<ClaimRow, String> {
+    ) -> Result<ClaimRow, Failure> {
         if !self.takes_holding {
             let ready = self.call(lease::HOLDING_READY_SQL, &[], None)?;
             self.takes_holding = ready == [[Some("t".to_string())]];
@@ -71,11 +71,13 @@ impl Remote {
         } else {
             self.call(sql, params, None)?
         };
-        let row = rows.first().ok_or("the registry returned no row")?;
-        ClaimRow::from_text(row)
+        let row = rows
+            .first()
+            .ok_or_else(|| Failure::Error("the registry returned no row".into()))?;
+        ClaimRow::from_text(row).map_err(Failure::Error)
     }
 
-    pub fn other_holder(&mut self, params: &[Param]) -> Result<Option<(String, String)>, String> {
+    pub fn other_holder(&mut self, params: &[Param]) -> Result<Option<(String, String)>, Failure> {
         let rows = self.call(lease::OTHER_HOLDER_SQL, params, None)?;
         Ok(rows
             .into_iter()
@@ -88,7 +90,7 @@ impl Remote {
 
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
     /// the registry's hosts do (name resolution aside); a lease not released runs out by itself.
-    pub fn release(&mut self, params: &[Param]) -> Result<(), String> {
+    pub fn release(&mut self, params: &[Param]) -> Result<(), Failure> {
         let budget = Instant::now() + RELEASE_BUDGET;
         self.call(lease::RELEASE_SQL, params, Some(budget))
             .map(|_| ())
@@ -101,7 +103,7 @@ impl Remote {
         sql: &str,
         params: &[Param],
         budget: Option<Instant>,
-    ) -> Result<Vec<Vec<Option<String>>>, String> {
+    ) -> Result<Vec<Vec<Option<String>>>, Failure> {
         if self.connection.is_none() {
             self.connection = Some(self.connect(budget)?);
             self.takes_holding = false;
@@ -113,16 +115,12 @@ impl Remote {
         if result.is_err() {
             self.connection = None;
         }
-        result.map_err(|failure| match failure {
-            Failure::TimedOut => NO_ANSWER.into(),
-            Failure::Stopped => STOPPED.into(),
-            Failure::Error(error) => error,
-        })
+        result
     }
 
     /// Connects to the first host that accepts and whose lease functions are the extension's,
     /// each within its own deadline.
-    fn connect(&self, budget: Option<Instant>) -> Result<Connection, String> {
+    fn connect(&self, budget: Option<Instant>) -> Result<Connection, Failure> {
         let mut errors = vec![];
         for params in &self.hosts {
             let deadline = within(self.connect_timeout, budget);
@@ -146,11 +144,13 @@ impl Remote {
                         .unwrap_or("localhost"),
                     lookup(params, "port").unwrap_or("5432"),
                 )),
-                Err(Failure::Stopped) => return Err(STOPPED.into()),
-                Err(Failure::Error(error)) => errors.push(error),
+                Err(Failure::Stopped) => return Err(Failure::Stopped),
+                Err(Failure::Error(error) | Failure::Refused { message: error, .. }) => {
+                    errors.push(error)
+                }
             }
         }
-        Err(errors.join("; "))
+        Err(Failure::Error(errors.join("; ")))
     }
 }
 

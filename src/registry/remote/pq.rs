@@ -3,6 +3,7 @@
 //! wait, so that the lease worker answers signals at once even while a host never answers. This
 //! module owns the libpq FFI; nothing else calls it.
 
+use crate::registry::Failure;
 use pgrx::pg_sys;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -85,17 +86,6 @@ extern "C" {
     fn PQgetisnull(result: *const PGresult, row: c_int, field: c_int) -> c_int;
     fn PQgetvalue(result: *const PGresult, row: c_int, field: c_int) -> *const c_char;
     fn PQclear(result: *mut PGresult);
-}
-
-/// Why a call did not complete.
-#[derive(Debug, PartialEq)]
-pub enum Failure {
-    /// `stop` said so while waiting.
-    Stopped,
-    /// The deadline passed.
-    TimedOut,
-    /// libpq's or the server's message.
-    Error(String),
 }
 
 /// The options a connection string sets explicitly, in libpq's names; `None` when libpq cannot
