@@ -94,27 +94,58 @@ fn wait_until_issuing(client: &mut postgres::Client, limit: Duration) -> (Durati
     }
 }
 
+/// The steps below run in this order on one fleet, each leaving it as the next expects.
 #[test]
 fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
-    let mut collected = Collected::default();
-    let registry = Cluster::start("registry", &[]);
-    registry
-        .connect()
-        .batch_execute("CREATE EXTENSION snowid")
-        .unwrap();
-    let nodes: Vec<Node> = (1..=3)
-        .map(|worker| fleet_node(&format!("node{worker}"), Some(worker), &registry, false))
-        .collect();
-    for node in &nodes {
-        assert_eq!(
-            node.cluster.wait_for_lease(&mut node.cluster.connect()),
-            "held",
-            "{}",
-            node.name
-        );
-    }
+    let mut fleet = Fleet::start();
+    merges_without_a_conflict_where_bigserial_stops(&mut fleet);
+    servers_without_a_worker_id_lease_the_lowest_free(&mut fleet);
+    let twin = a_second_holder_is_refused_then_takes_over(&mut fleet);
+    a_physical_copy_cannot_take_the_lease(&fleet);
+    a_crash_and_a_clean_restart(&mut fleet);
+    a_registry_outage(&mut fleet);
+    let laggard = a_clock_a_minute_behind_waits(&mut fleet);
+    the_registry_password_shows_nowhere(&fleet, &twin, &laggard);
+    every_id_is_unique_and_increases(&fleet);
+}
 
-    // 1. Fleet: three servers insert at once; logical replication merges their rows into a fourth.
+/// The shared registry, node1 to node3 holding worker ids 1 to 3, and every id seen.
+struct Fleet {
+    registry: Cluster,
+    nodes: Vec<Node>,
+    collected: Collected,
+}
+
+impl Fleet {
+    fn start() -> Fleet {
+        let registry = Cluster::start("registry", &[]);
+        registry
+            .connect()
+            .batch_execute("CREATE EXTENSION snowid")
+            .unwrap();
+        let nodes: Vec<Node> = (1..=3)
+            .map(|worker| fleet_node(&format!("node{worker}"), Some(worker), &registry, false))
+            .collect();
+        for node in &nodes {
+            assert_eq!(
+                node.cluster.wait_for_lease(&mut node.cluster.connect()),
+                "held",
+                "{}",
+                node.name
+            );
+        }
+
+        Fleet {
+            registry,
+            nodes,
+            collected: Collected::default(),
+        }
+    }
+}
+
+/// 1. Three servers insert at once; logical replication merges their rows into a fourth without
+/// a conflict, where the same with bigserial stops on one.
+fn merges_without_a_conflict_where_bigserial_stops(fleet: &mut Fleet) {
     let aggregator = Cluster::start("aggregator", &[]);
     let mut merged = aggregator.connect();
     merged
@@ -123,7 +154,7 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
              CREATE TABLE serial_orders (id bigint PRIMARY KEY, node text);",
         )
         .unwrap();
-    for node in &nodes {
+    for node in &fleet.nodes {
         merged
             .batch_execute(&format!(
                 "CREATE SUBSCRIPTION {0} CONNECTION 'host=127.0.0.1 port={1} dbname=postgres user=postgres' PUBLICATION fleet",
@@ -132,7 +163,8 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             .unwrap();
     }
     let per_node: Vec<Vec<i64>> = std::thread::scope(|scope| {
-        let inserting: Vec<_> = nodes
+        let inserting: Vec<_> = fleet
+            .nodes
             .iter()
             .map(|node| {
                 scope.spawn(move || {
@@ -148,8 +180,8 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             .map(|thread| thread.join().unwrap())
             .collect()
     });
-    for (node, ids) in nodes.iter().zip(&per_node) {
-        collected.add(&node.name, ids);
+    for (node, ids) in fleet.nodes.iter().zip(&per_node) {
+        fleet.collected.add(&node.name, ids);
     }
     wait_for("all 30,000 rows merged", Duration::from_secs(60), || {
         merged
@@ -178,7 +210,7 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         "snowid rows merge without a conflict"
     );
     // The same with bigserial: every server counts from 1, and the merge stops on a conflict.
-    for node in &nodes {
+    for node in &fleet.nodes {
         node.cluster
             .connect()
             .batch_execute(&format!(
@@ -210,11 +242,13 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             .batch_execute(&format!("ALTER SUBSCRIPTION {subscription} DISABLE"))
             .unwrap();
     }
+}
 
-    // Two servers that name no worker id lease the lowest ones free: 0, never used, and 4.
+/// Two servers that name no worker id lease the lowest ones free: 0, never used, and 4.
+fn servers_without_a_worker_id_lease_the_lowest_free(fleet: &mut Fleet) {
     let spares: Vec<Node> = ["spare1", "spare2"]
         .iter()
-        .map(|name| fleet_node(name, None, &registry, false))
+        .map(|name| fleet_node(name, None, &fleet.registry, false))
         .collect();
     let mut spare_workers = vec![];
     for spare in &spares {
@@ -236,14 +270,17 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             .get(0);
         assert_eq!(status, worker);
         spare_workers.push(worker);
-        collected.add(&spare.name, &ids);
+        fleet.collected.add(&spare.name, &ids);
     }
     spare_workers.sort();
     assert_eq!(spare_workers, [0, 4]);
     drop(spares);
+}
 
-    // 2. A second server configured with worker id 1, which node1 holds, refuses and names node1.
-    let twin = fleet_node("twin", Some(1), &registry, false);
+/// 2. A second server configured with worker id 1, which node1 holds, refuses and names node1;
+/// once node1 goes away without releasing its lease, it takes over. Returns it, for the last checks.
+fn a_second_holder_is_refused_then_takes_over(fleet: &mut Fleet) -> Node {
+    let twin = fleet_node("twin", Some(1), &fleet.registry, false);
     let mut twin_client = twin.cluster.connect();
     assert_eq!(
         wait_for_lease_state(
@@ -260,27 +297,30 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     );
     let expected = format!(
         "55000: snowid refuses to issue ids: worker id 1 is leased by another server, {}, until ",
-        nodes[0].holder_name()
+        fleet.nodes[0].holder_name()
     );
     assert!(refusal.starts_with(&expected), "{refusal}");
     // node1 goes away without releasing its lease: the twin takes over once it expires, above
     // every id node1 issued.
-    nodes[0].cluster.stop("immediate");
+    fleet.nodes[0].cluster.stop("immediate");
     let (waited, first) =
         wait_until_issuing(&mut twin_client, Duration::from_secs(LEASE_TTL_S * 3));
     assert!(
         waited <= Duration::from_secs(LEASE_TTL_S + 2),
         "took over after {waited:?}"
     );
-    assert!(first > collected.max_of("node1"));
+    assert!(first > fleet.collected.max_of("node1"));
     let twin_ids = insert_orders(&mut twin_client, "twin", 1_000).unwrap();
-    collected.add("twin", &[first]);
-    collected.add("twin", &twin_ids);
+    fleet.collected.add("twin", &[first]);
+    fleet.collected.add("twin", &twin_ids);
     println!("the twin took over worker id 1 {waited:?} after node1 stopped");
+    twin
+}
 
-    // A physical copy of node2 (same system identifier, other port and data directory) is another
-    // holder: it cannot take node2's lease.
-    let copy = nodes[1].cluster.physical_copy("node2-copy");
+/// A physical copy of node2 (same system identifier, other port and data directory) is another
+/// holder: it cannot take node2's lease.
+fn a_physical_copy_cannot_take_the_lease(fleet: &Fleet) {
+    let copy = fleet.nodes[1].cluster.physical_copy("node2-copy");
     let mut copy_client = copy.connect();
     assert_eq!(
         wait_for_lease_state(
@@ -297,13 +337,15 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     );
     let expected = format!(
         "55000: snowid refuses to issue ids: worker id 2 is leased by another server, {}, until ",
-        nodes[1].holder_name()
+        fleet.nodes[1].holder_name()
     );
     assert!(refusal.starts_with(&expected), "{refusal}");
     drop(copy);
+}
 
-    // 3. Crash: node2 stops abruptly in the middle of inserting, and starts again.
-    let node2 = &nodes[1];
+/// 3. node2 crashes in the middle of inserting and starts again, then restarts cleanly.
+fn a_crash_and_a_clean_restart(fleet: &mut Fleet) {
+    let node2 = &fleet.nodes[1];
     let before_crash: Vec<i64> = std::thread::scope(|scope| {
         let load = scope.spawn(|| {
             let mut client = node2.cluster.connect();
@@ -318,8 +360,8 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         load.join().unwrap()
     });
     assert!(!before_crash.is_empty());
-    collected.add("node2", &before_crash);
-    let highest_before = collected.max_of("node2");
+    fleet.collected.add("node2", &before_crash);
+    let highest_before = fleet.collected.max_of("node2");
     let restarted = Instant::now();
     node2.cluster.start_again();
     let mut client = node2.cluster.connect();
@@ -333,8 +375,8 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         stall <= Duration::from_secs(LEASE_TTL_S + 2),
         "stalled {stall:?} after the crash"
     );
-    collected.add("node2", &[first]);
-    collected.add(
+    fleet.collected.add("node2", &[first]);
+    fleet.collected.add(
         "node2",
         &insert_orders(&mut client, "node2", 1_000).unwrap(),
     );
@@ -346,19 +388,21 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     let mut client = node2.cluster.connect();
     let (_, first) = wait_until_issuing(&mut client, Duration::from_secs(LEASE_TTL_S * 3));
     let clean_stall = restarted.elapsed();
-    assert!(first > collected.max_of("node2"));
+    assert!(first > fleet.collected.max_of("node2"));
     assert!(
         clean_stall < Duration::from_millis(2_500),
         "a clean restart stalled {clean_stall:?}"
     );
-    collected.add("node2", &[first]);
+    fleet.collected.add("node2", &[first]);
     println!("node2 issued again {clean_stall:?} after a clean restart");
+}
 
-    // 4. Registry outage: node3 keeps issuing until its lease is near its end, then refuses, and
-    // resumes by itself when the registry is back.
-    let node3 = &nodes[2];
+/// 4. Registry outage: node3 keeps issuing until its lease is near its end, then refuses, and
+/// resumes by itself when the registry is back.
+fn a_registry_outage(fleet: &mut Fleet) {
+    let node3 = &fleet.nodes[2];
     let mut client = node3.cluster.connect();
-    registry.stop("fast");
+    fleet.registry.stop("fast");
     let outage = Instant::now();
     let mut during_outage = vec![];
     let refusal = loop {
@@ -380,16 +424,19 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         ),
         "{refusal}"
     );
-    collected.add("node3", &during_outage);
+    fleet.collected.add("node3", &during_outage);
     println!("node3 kept issuing for {issued_for:?} of the registry outage");
-    registry.start_again();
+    fleet.registry.start_again();
     let (_, first) = wait_until_issuing(&mut client, Duration::from_secs(10));
-    collected.add("node3", &[first]);
+    fleet.collected.add("node3", &[first]);
+}
 
-    // 5. node3 stops cleanly; a server whose clock is a minute behind takes worker id 3 and refuses
-    // until its clock passes the ids issued under it before, saying for how long.
+/// 5. node3 stops cleanly; a server whose clock is a minute behind takes worker id 3 and refuses
+/// until its clock passes the ids issued under it before, saying for how long. Returns it.
+fn a_clock_a_minute_behind_waits(fleet: &mut Fleet) -> Node {
+    let node3 = &fleet.nodes[2];
     node3.cluster.stop("fast");
-    let laggard = fleet_node("laggard", Some(3), &registry, true);
+    let laggard = fleet_node("laggard", Some(3), &fleet.registry, true);
     laggard.cluster.set_clock_offset("-60");
     let mut client = laggard.cluster.connect();
     assert_eq!(
@@ -403,19 +450,27 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
     );
     laggard.cluster.set_clock_offset("+0");
     let (_, first) = wait_until_issuing(&mut client, Duration::from_secs(5));
-    assert!(first > collected.max_of("node3"));
-    collected.add("laggard", &[first]);
+    assert!(first > fleet.collected.max_of("node3"));
+    fleet.collected.add("laggard", &[first]);
+    laggard
+}
 
-    // The registry's connection string, password included, shows nowhere.
+/// The registry's connection string, password included, shows nowhere; the setting itself is
+/// readable by superusers and members of pg_read_all_settings (pg_monitor among them) only.
+fn the_registry_password_shows_nowhere(fleet: &Fleet, twin: &Node, laggard: &Node) {
+    let mut client = laggard.cluster.connect();
     let registry_shown: String = client
         .query_one("SELECT registry FROM snowid_status()", &[])
         .unwrap()
         .get(0);
     assert_eq!(
         registry_shown,
-        format!("database \"postgres\" on 127.0.0.1 port {}", registry.port)
+        format!(
+            "database \"postgres\" on 127.0.0.1 port {}",
+            fleet.registry.port
+        )
     );
-    for node in nodes.iter().chain([&twin, &laggard]) {
+    for node in fleet.nodes.iter().chain([twin, laggard]) {
         assert!(
             !node.cluster.log().contains(SECRET),
             "{} logged the registry password",
@@ -444,14 +499,17 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
         "42501: must be superuser or have privileges of pg_read_all_settings to examine \"snowid.registry\""
     };
     assert_eq!(setting(&mut client, "nobody"), Err(denied.into()));
+}
 
-    // 6. Every id seen is unique, and each server's ids increase in the order it issued them.
-    let all: HashSet<i64> = collected.0.iter().map(|&(_, id)| id).collect();
-    assert_eq!(all.len(), collected.0.len(), "no id was issued twice");
+/// 6. Every id seen is unique, and each server's ids increase in the order it issued them.
+fn every_id_is_unique_and_increases(fleet: &Fleet) {
+    let all: HashSet<i64> = fleet.collected.0.iter().map(|&(_, id)| id).collect();
+    assert_eq!(all.len(), fleet.collected.0.len(), "no id was issued twice");
     for name in [
         "node1", "node2", "node3", "spare1", "spare2", "twin", "laggard",
     ] {
-        let ids: Vec<i64> = collected
+        let ids: Vec<i64> = fleet
+            .collected
             .0
             .iter()
             .filter(|(node, _)| node == name)
@@ -462,7 +520,7 @@ fn leases_keep_ids_unique_across_servers_crashes_outages_and_clock_skew() {
             "{name}'s ids increase"
         );
     }
-    println!("{} ids collected, all unique", collected.0.len());
+    println!("{} ids collected, all unique", fleet.collected.0.len());
 }
 
 /// How many times the subscriptions of the aggregator failed to apply a change or to copy a table:
