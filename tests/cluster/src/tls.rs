@@ -18,34 +18,41 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// The arguments of `openssl req` for a new P-256 key, unencrypted, written to `key`, then `rest`.
+fn new_key_request<'a>(key: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        key,
+    ];
+    args.extend_from_slice(rest);
+    args
+}
+
 /// A self-signed CA certificate `<name>.crt` with its key `<name>.key` in `dir`.
 pub fn certificate_authority(dir: &Path, name: &str) -> PathBuf {
     let (key, cert) = (format!("{name}.key"), format!("{name}.crt"));
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &cert,
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN=snowid test {name}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
+    let subject = format!("/CN=snowid test {name}");
+    let rest = [
+        "-x509",
+        "-out",
+        &cert,
+        "-days",
+        "2",
+        "-subj",
+        &subject,
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ];
+    openssl(dir, &new_key_request(&key, &rest));
     let cert = dir.join(cert);
     give_to_postgres(&cert, 0o644);
     give_to_postgres(&dir.join(key), 0o600);
@@ -75,21 +82,7 @@ pub fn certificate(
     fs::write(dir.join(&ext), extensions).unwrap();
     openssl(
         dir,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            subject,
-        ],
+        &new_key_request(&key, &["-out", &csr, "-subj", subject]),
     );
     openssl(
         dir,
