@@ -20,8 +20,9 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import sys
+
+import helpers
 
 CAP = 4_096_000  # ids per second per server: 4,096 sequence numbers in every millisecond
 MAX_BATCH = 4_096_000
@@ -74,12 +75,7 @@ ports = [int(port) for port in args.ports.split(",")]
 
 
 def psql(sql, port=None):
-    command = [args.psql, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(port or ports[0]),
-               "-U", "postgres", "-d", "postgres"]
-    done = subprocess.run(command, input=sql, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"psql failed: {done.stderr.strip()}")
-    return done.stdout.split("\n")
+    return helpers.psql(args.psql, port or ports[0], sql)
 
 
 def count_query(scheme, ids):

@@ -28,8 +28,9 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
+
+import helpers
 import time
 
 SESSIONS = 2
@@ -50,12 +51,7 @@ SCHEMES = {
 
 
 def psql(args, sql):
-    command = [args.psql, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(args.port),
-               "-U", "postgres", "-d", "postgres"]
-    done = subprocess.run(command, input=sql, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"psql failed: {done.stderr}")
-    return [line for line in done.stdout.splitlines() if line]
+    return [line for line in helpers.psql(args.psql, args.port, sql) if line]
 
 
 def counters(args, major):
