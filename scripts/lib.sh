@@ -1,4 +1,5 @@
-# Sourced by the other scripts: the names and functions they share, and nothing done on sourcing.
+# Sourced by the other scripts: the names and functions they share. Sourcing installs nothing: it
+# checks PG_MAJOR, puts ~/.cargo/bin on PATH where cargo is not, and points PGRX_HOME at target/pgrx.
 # `prepare PURPOSE` is the one step that installs: what building snowid needs (build), or also what
 # testing it needs (test), then the PostgreSQL major PG_MAJOR picks: 15 (the default, Debian's), 16
 # (unpacked once from PyPI's pgserver wheel, see postgresql-wheel.sh), 17 or 18 (built once from

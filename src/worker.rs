@@ -304,11 +304,13 @@ impl LeaseWorker {
                 worker_id,
                 claim: Claim::MarkBeyondLayout { high_water_ms },
             }) => self.mark_beyond_layout(worker_id, high_water_ms),
-            // A registry whose function was replaced, say.
+            // A registry whose function was replaced, say: it answered, but not as snowid's do.
             Ok(Answer {
                 worker_id: None,
                 claim: Claim::Granted(_),
-            }) => self.registry_failed("the registry granted a lease without naming its worker id"),
+            }) => {
+                self.malformed_answer("the registry granted a lease without naming its worker id")
+            }
             Err(_) if signals::shutting_down() => Duration::ZERO,
             Err(error) => self.registry_failed(&error.to_string()),
         }
@@ -371,6 +373,14 @@ impl LeaseWorker {
             status.last_error = Text::new(&error);
         });
         self.lose_lease();
+        self.timing.retry_every()
+    }
+
+    /// The registry answered what snowid's functions never do: recorded and warned of; the lease
+    /// and its state stay as they were until the next claim.
+    fn malformed_answer(&mut self, error: &str) -> Duration {
+        shmem::update_lease_status(|status| status.last_error = Text::new(error));
+        warning!("snowid lease worker: {error}");
         self.timing.retry_every()
     }
 

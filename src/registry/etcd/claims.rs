@@ -144,7 +144,13 @@ impl Etcd {
                 }
             };
             match self.try_claim(worker_id, request, budget, stop)? {
-                Some(answer) if matches!(answer.claim, Claim::Granted(_)) || own.is_some() => {
+                // Its keys are this server's now, a spent worker id's too.
+                Some(answer)
+                    if matches!(
+                        answer.claim,
+                        Claim::Granted(_) | Claim::MarkBeyondLayout { .. }
+                    ) || own.is_some() =>
+                {
                     return Ok(answer)
                 }
                 // Its keys are gone, not its holder: pick the next.

@@ -1,6 +1,6 @@
 //! What a worker id's three etcd keys say, and what a claim does about them: the rules of the etcd
-//! registry, decided on a snapshot of the keys without asking etcd (see the parent module for the
-//! keys and the transactions that change them).
+//! registry, decided on a read of the keys without asking etcd (see `claims.rs` for the keys and the
+//! transactions that change them).
 
 use crate::layout::EPOCH_UNIX_MS;
 use serde_json::{json, Value};

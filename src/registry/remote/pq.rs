@@ -221,8 +221,8 @@ impl Connection {
     /// Sends what libpq holds of the query, waiting for the socket as it must.
     fn flush(&mut self, deadline: Instant, stop: &mut dyn FnMut() -> bool) -> Result<(), Failure> {
         let conn = self.conn.as_ptr();
-        // SAFETY (this block and those in the loop): calls on the live connection this value owns.
         loop {
+            // SAFETY: a live connection this value owns, in nonblocking mode.
             match unsafe { PQflush(conn) } {
                 0 => return Ok(()),
                 1 => {
@@ -231,6 +231,7 @@ impl Connection {
                         deadline,
                         stop,
                     )?;
+                    // SAFETY: the live connection, whose socket the wait found ready.
                     if unsafe { PQconsumeInput(conn) } == 0 {
                         return Err(Failure::Error(self.error_message()));
                     }
@@ -250,21 +251,24 @@ impl Connection {
         let mut rows = vec![];
         let mut error = None;
         loop {
-            // SAFETY (this block and the calls below): calls on the live connection this value
-            // owns; every result libpq hands out is read, then cleared once.
+            // SAFETY: a live connection this value owns.
             while unsafe { PQisBusy(conn) } == 1 {
                 self.wait_for(pg_sys::WL_SOCKET_READABLE, deadline, stop)?;
+                // SAFETY: the live connection, whose socket the wait found readable.
                 if unsafe { PQconsumeInput(conn) } == 0 {
                     return Err(Failure::Error(self.error_message()));
                 }
             }
+            // SAFETY: the live connection, not busy: the next result is complete, or NULL.
             let result = unsafe { PQgetResult(conn) };
             if result.is_null() {
                 break;
             }
+            // SAFETY: a result libpq just handed out, cleared only below.
             if let Some(result_error) = unsafe { read_result(result, &mut rows) } {
                 error.get_or_insert_with(|| result_error.unwrap_or_else(|| self.error_message()));
             }
+            // SAFETY: the result is read and cleared once, here; nothing refers to it after.
             unsafe { PQclear(result) };
         }
         match error {

@@ -1067,11 +1067,14 @@ pub fn server_version_num(client: &mut Client) -> i32 {
 
 /// Sends `how` (`-STOP`, say) to the process `pid`.
 pub fn signal(pid: impl std::fmt::Display, how: &str) {
-    let status = Command::new("kill")
-        .args([how, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {how} {pid}");
+    signal_all(&[pid], how);
+}
+
+/// Sends `how` to every process of `pids`, with one `kill`.
+pub fn signal_all(pids: &[impl std::fmt::Display], how: &str) {
+    let pids: Vec<String> = pids.iter().map(ToString::to_string).collect();
+    let status = Command::new("kill").arg(how).args(&pids).status().unwrap();
+    assert!(status.success(), "kill {how} {pids:?}");
 }
 
 /// Checks `done` every 100 ms until it holds; fails the test after `limit`.

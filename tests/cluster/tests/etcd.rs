@@ -23,8 +23,6 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// snowid's epoch, 2026-01-01, in Unix ms.
-
 fn directory(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("snowid-etcd-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);

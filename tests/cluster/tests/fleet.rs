@@ -28,7 +28,7 @@ use postgres::Client;
 use snowid_cluster_tests::ids::unix_ms;
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    error_text, give_to_postgres, signal, wait_for, wait_for_lease_state, Cluster, Node,
+    error_text, give_to_postgres, signal_all, wait_for, wait_for_lease_state, Cluster, Node,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -862,15 +862,11 @@ fn a_registry_that_stops_answering_delays_a_holders_fast_shutdown_by_at_most_a_s
     assert_holds(&node, 1);
     // Every process of the registry stops where it is: connections stay open, nothing answers.
     let processes = registry.processes();
-    for process in &processes {
-        signal(process, "-STOP");
-    }
+    signal_all(&processes, "-STOP");
     let stopping = Instant::now();
     node.cluster.stop("fast");
     let took = stopping.elapsed();
-    for process in &processes {
-        signal(process, "-CONT");
-    }
+    signal_all(&processes, "-CONT");
     println!("a fast shutdown took {took:?} while the registry was stopped");
     assert!(
         took < Duration::from_secs(2),
