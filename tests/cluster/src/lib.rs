@@ -320,7 +320,7 @@ impl Cluster {
     }
 
     /// Switches to a new WAL segment and waits until the last one is in `archive`, where this
-    /// cluster's archive_command copies them.
+    /// cluster's [`archive_command`] copies them.
     pub fn archive_current_wal(&self, archive: &Path) {
         let last_segment: String = self
             .connect()
@@ -1266,6 +1266,24 @@ pub struct Call {
     pub result: Result<i64, String>,
 }
 
+/// The setting that archives WAL segments into `archive`, each copied under a temporary name and
+/// then renamed: a segment's name appears only once all of it is there, for a restore that reads
+/// the archive while the server still archives into it.
+pub fn archive_command(archive: &Path) -> String {
+    let dir = archive.display();
+    format!("archive_command = 'test ! -f {dir}/%f && cp %p {dir}/%f.partial && mv {dir}/%f.partial {dir}/%f'")
+}
+
+/// Raises its flag when dropped, also when a panic unwinds past it: threads that run until the
+/// flag is up end, so that a test that failed ends instead of waiting on them for ever.
+pub struct RaiseOnDrop<'a>(pub &'a AtomicBool);
+
+impl Drop for RaiseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Calls `snowid_next()` on each of `nodes` every 10 ms while `during` runs; returns the calls.
 pub fn calls_during<T>(nodes: &[&Node], during: impl FnOnce(Instant) -> T) -> (Vec<Vec<Call>>, T) {
     let done = AtomicBool::new(false);
@@ -1290,8 +1308,10 @@ pub fn calls_during<T>(nodes: &[&Node], during: impl FnOnce(Instant) -> T) -> (V
                 })
             })
             .collect();
-        let outcome = during(started);
-        done.store(true, Ordering::Relaxed);
+        let outcome = {
+            let _stop = RaiseOnDrop(&done);
+            during(started)
+        };
         (
             applications
                 .into_iter()

@@ -600,7 +600,7 @@ fn a_point_in_time_restore_refuses_beside_its_original_and_issues_above_it_once_
         &[
             &format!("snowid.lease_ttl = {LEASE_TTL_S}"),
             "archive_mode = on",
-            &format!("archive_command = 'cp %p {}/%f'", archive.display()),
+            &snowid_cluster_tests::archive_command(&archive),
         ],
     );
     original_client

@@ -109,7 +109,7 @@ fn a_registry_recovered_to_a_point_in_time_under_a_running_fleet_grants_no_worke
         "pitr-registry",
         &[
             "archive_mode = on",
-            &format!("archive_command = 'cp %p {}/%f'", archive.display()),
+            &snowid_cluster_tests::archive_command(&archive),
         ],
     );
     primary

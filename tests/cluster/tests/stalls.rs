@@ -6,7 +6,7 @@
 
 use postgres::Client;
 use snowid_cluster_tests::ids::{millis_of, unix_ms};
-use snowid_cluster_tests::{error_text, lease_worker_pid, signal, Cluster, Node};
+use snowid_cluster_tests::{error_text, lease_worker_pid, signal, Cluster, Node, RaiseOnDrop};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -78,9 +78,11 @@ fn calls_during(cluster: &Cluster, during: impl FnOnce()) -> Vec<Call> {
             }
             calls
         });
-        during();
-        std::thread::sleep(Duration::from_secs(1));
-        done.store(true, Ordering::Relaxed);
+        {
+            let _stop = RaiseOnDrop(&done);
+            during();
+            std::thread::sleep(Duration::from_secs(1));
+        }
         application.join().unwrap()
     })
 }
