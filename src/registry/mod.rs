@@ -40,16 +40,15 @@ impl Registry {
     /// Asks for the lease `request` describes: the worker id claimed (none when every one is
     /// leased) and what came of it.
     pub fn claim(&mut self, request: &ClaimRequest) -> Result<Answer, Failure> {
-        let local = self.is_local();
         match self {
             Registry::Etcd(etcd) => etcd.claim(request),
             Registry::Local(registry) => {
-                let call = ClaimCall::new(request, local);
+                let call = ClaimCall::new(request, true);
                 let row = registry.claim(call.sql, &call.params);
                 Ok(row.map_err(Failure::Error)?.answer())
             }
             Registry::Remote(registry) => {
-                let call = ClaimCall::new(request, local);
+                let call = ClaimCall::new(request, false);
                 let holding = (call.holding_sql, call.holding);
                 Ok(registry.claim(call.sql, &call.params, holding)?.answer())
             }
