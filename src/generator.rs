@@ -529,9 +529,31 @@ mod tests {
 
     /// A state whose gate is open for worker id 17 without limits.
     fn leased() -> IssuingState {
+        granted(OPEN, &[T]).0
+    }
+
+    /// A state whose gate `grant` opened, a clock that reads `readings` and then what a test
+    /// scripts, and a waiter.
+    fn granted(grant: Grant, readings: &[u64]) -> (IssuingState, ScriptedClock, CountingWaiter) {
         let state = IssuingState::default();
-        state.open_gate(&OPEN);
-        state
+        state.open_gate(&grant);
+        (
+            state,
+            ScriptedClock::new(readings),
+            CountingWaiter::default(),
+        )
+    }
+
+    /// A leased state, a clock that reads T until a test scripts more, and a waiter.
+    fn leased_at_t() -> (IssuingState, ScriptedClock, CountingWaiter) {
+        granted(OPEN, &[T])
+    }
+
+    /// The same, once the first id is issued at T.
+    fn issued_one_at_t() -> (IssuingState, ScriptedClock, CountingWaiter) {
+        let (state, clock, waiter) = leased_at_t();
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        (state, clock, waiter)
     }
 
     fn one(
@@ -571,12 +593,13 @@ mod tests {
 
     #[test]
     fn ids_stay_below_the_reservation() {
-        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
-        state.open_gate(&Grant {
-            reserved_until_ms: T + 1,
-            ..OPEN
-        });
-        let clock = ScriptedClock::new(&[T]);
+        let (state, clock, waiter) = granted(
+            Grant {
+                reserved_until_ms: T + 1,
+                ..OPEN
+            },
+            &[T],
+        );
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         clock.then(&[T + 1]);
         assert_eq!(one(&state, &clock, &waiter), Err(Refusal::BoundReached));
@@ -653,16 +676,17 @@ mod tests {
 
     #[test]
     fn a_wait_at_the_ceiling_ends_at_the_deadline() {
-        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
         // The scripted monotonic clock reads 100 µs more at every look: the deadline comes at the
         // tenth.
-        state.open_gate(&Grant {
-            reserved_until_ms: T + 1,
-            moves_up_to_ms: T + 30_000,
-            deadline_ns: 1_000_000,
-            ..OPEN
-        });
-        let clock = ScriptedClock::new(&[T + 1]);
+        let (state, clock, waiter) = granted(
+            Grant {
+                reserved_until_ms: T + 1,
+                moves_up_to_ms: T + 30_000,
+                deadline_ns: 1_000_000,
+                ..OPEN
+            },
+            &[T + 1],
+        );
         assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
         let slept = waiter.slept.borrow();
         assert_eq!(slept.len(), 9);
@@ -677,13 +701,14 @@ mod tests {
 
     #[test]
     fn nothing_is_issued_once_the_deadline_passes() {
-        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
         // The scripted monotonic clock reads 100 µs more at every look.
-        state.open_gate(&Grant {
-            deadline_ns: 250_000,
-            ..OPEN
-        });
+        let (state, clock, waiter) = granted(
+            Grant {
+                deadline_ns: 250_000,
+                ..OPEN
+            },
+            &[T],
+        );
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
         assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
@@ -691,12 +716,13 @@ mod tests {
 
     #[test]
     fn a_new_holder_starts_above_the_floor() {
-        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        state.open_gate(&Grant {
-            floor_ms: Some(T + 60_000),
-            ..OPEN
-        });
+        let (state, clock, waiter) = granted(
+            Grant {
+                floor_ms: Some(T + 60_000),
+                ..OPEN
+            },
+            &[T],
+        );
         assert_eq!(
             one(&state, &clock, &waiter),
             Err(Refusal::BelowFloor { by_ms: 59_999 })
@@ -743,12 +769,13 @@ mod tests {
 
     #[test]
     fn the_status_shows_only_ids_really_issued() {
-        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T + 1_000]);
-        state.open_gate(&Grant {
-            floor_ms: Some(T + 1_000),
-            ..OPEN
-        });
+        let (state, clock, waiter) = granted(
+            Grant {
+                floor_ms: Some(T + 1_000),
+                ..OPEN
+            },
+            &[T + 1_000],
+        );
         assert_eq!(state.snapshot().last_id, None, "a floor is not an id");
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1_000, 0)));
         let issued = layout::id_from_stamp(stamp(T + 1_000, 0), 17);
@@ -770,8 +797,7 @@ mod tests {
 
     #[test]
     fn a_new_worker_id_never_issues_below_an_id_already_issued() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
+        let (state, clock, waiter) = leased_at_t();
         let run = state.issue(&clock, &waiter, 1, 5).unwrap();
         let before = layout::id_from_stamp(run.first, run.worker_id);
         // Worker id 3 sorts below 17 within one millisecond: issuing moves on to the next one.
@@ -793,12 +819,13 @@ mod tests {
 
     #[test]
     fn the_gate_carries_the_worker_id() {
-        let (state, waiter) = (IssuingState::default(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        state.open_gate(&Grant {
-            worker_id: 1023,
-            ..OPEN
-        });
+        let (state, clock, waiter) = granted(
+            Grant {
+                worker_id: 1023,
+                ..OPEN
+            },
+            &[T],
+        );
         assert_eq!(
             state.issue(&clock, &waiter, 1, 5).map(|run| run.worker_id),
             Ok(1023)
@@ -807,9 +834,7 @@ mod tests {
 
     #[test]
     fn same_millisecond_takes_the_next_sequence() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        let (state, clock, waiter) = issued_one_at_t();
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 2)));
         assert_eq!(state.snapshot().ids_issued, 3);
@@ -821,9 +846,7 @@ mod tests {
 
     #[test]
     fn forward_jump_starts_the_new_millisecond_at_sequence_zero() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        let (state, clock, waiter) = issued_one_at_t();
         clock.then(&[T + 3_600_000]);
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 3_600_000, 0)));
         assert!(waiter.slept.borrow().is_empty());
@@ -831,8 +854,7 @@ mod tests {
 
     #[test]
     fn full_millisecond_waits_for_the_next_one() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
+        let (state, clock, waiter) = leased_at_t();
         assert_eq!(
             state.issue(&clock, &waiter, 4096, 5),
             Ok(StampRun {
@@ -898,8 +920,7 @@ mod tests {
 
     #[test]
     fn a_run_never_crosses_into_the_next_millisecond() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
+        let (state, clock, waiter) = leased_at_t();
         assert_eq!(
             state.issue(&clock, &waiter, 4090, 5).map(|run| run.count),
             Ok(4090)
@@ -916,9 +937,7 @@ mod tests {
 
     #[test]
     fn small_step_back_is_slept_out() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        let (state, clock, waiter) = issued_one_at_t();
         clock.then(&[T - 2, T - 2, T - 1, T]);
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
         let snapshot = state.snapshot();
@@ -937,9 +956,7 @@ mod tests {
 
     #[test]
     fn step_back_of_exactly_the_limit_is_waited_one_more_is_refused() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        let (state, clock, waiter) = issued_one_at_t();
         clock.then(&[T - 5, T]);
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
         clock.then(&[T - 6]);
@@ -963,9 +980,7 @@ mod tests {
 
     #[test]
     fn large_step_back_is_refused_until_the_clock_returns() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        let (state, clock, waiter) = issued_one_at_t();
         clock.then(&[T - 10_000]);
         assert_eq!(
             one(&state, &clock, &waiter),
@@ -983,9 +998,7 @@ mod tests {
 
     #[test]
     fn clock_falling_further_back_during_a_wait_is_refused() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
-        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
+        let (state, clock, waiter) = issued_one_at_t();
         clock.then(&[T - 1, T - 1, T - 9]);
         assert_eq!(
             one(&state, &clock, &waiter),
@@ -995,8 +1008,7 @@ mod tests {
 
     #[test]
     fn zero_tolerance_refuses_any_step_back() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
+        let (state, clock, waiter) = leased_at_t();
         assert_eq!(
             state.issue(&clock, &waiter, 1, 0).map(|run| run.first),
             Ok(stamp(T, 0))
@@ -1010,8 +1022,7 @@ mod tests {
 
     #[test]
     fn a_stuck_clock_is_refused_not_spun_on_forever() {
-        let (state, waiter) = (leased(), CountingWaiter::default());
-        let clock = ScriptedClock::new(&[T]);
+        let (state, clock, waiter) = leased_at_t();
         assert_eq!(
             state.issue(&clock, &waiter, 4096, 5).map(|run| run.count),
             Ok(4096)
@@ -1101,8 +1112,7 @@ mod tests {
         fn stamps_increase_and_never_borrow_time(
             steps in proptest::collection::vec((-8i64..40, 1u32..5000), 1..200)
         ) {
-            let (state, waiter) = (leased(), CountingWaiter::default());
-            let clock = ScriptedClock::new(&[T]);
+            let (state, clock, waiter) = leased_at_t();
             let mut reading = T as i64;
             let mut last_issued = 0;
             for (delta, wanted) in steps {

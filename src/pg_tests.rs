@@ -38,10 +38,18 @@ mod tests {
         Spi::get_one(query).unwrap().expect("a non-null result")
     }
 
+    fn assert_one<T, E>(query: &str, expected: E)
+    where
+        T: pgrx::IntoDatum + pgrx::FromDatum + PartialEq<E> + std::fmt::Debug,
+        E: std::fmt::Debug,
+    {
+        assert_eq!(one::<T>(query), expected, "{query}");
+    }
+
     #[pg_test]
     fn next_carries_the_configured_worker_id_and_the_current_millisecond() {
         wait_for_lease();
-        assert_eq!(one::<i32>("SELECT snowid_worker_id(snowid_next())"), 17);
+        assert_one::<i32, i32>("SELECT snowid_worker_id(snowid_next())", 17);
         let lag: bool = one(
             "SELECT clock_timestamp() - snowid_timestamp(id) BETWEEN interval '0' AND interval '1 second'
                FROM (SELECT snowid_next() AS id) s",
@@ -75,12 +83,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(checks, (Some(100_000), Some(100_000), Some(0)));
-        assert_eq!(one::<i64>("SELECT count(*) FROM snowid_next_batch(1)"), 1);
+        assert_one::<i64, i64>("SELECT count(*) FROM snowid_next_batch(1)", 1);
         let after: bool = one("SELECT max(b) < snowid_next() FROM snowid_next_batch(5000) b");
         assert!(after, "ids issued after a batch are above all of it");
-        assert_eq!(
-            one::<i64>("SELECT count(DISTINCT snowid_worker_id(b)) FROM snowid_next_batch(4096) b"),
-            1
+        assert_one::<i64, i64>(
+            "SELECT count(DISTINCT snowid_worker_id(b)) FROM snowid_next_batch(4096) b",
+            1,
         );
     }
 
@@ -98,10 +106,7 @@ mod tests {
             error_of("SELECT snowid_next_batch(4096001)"),
             "22023: snowid_next_batch count must be between 1 and 4096000, not 4096001"
         );
-        assert_eq!(
-            one::<i64>("SELECT count(*) FROM snowid_next_batch(NULL)"),
-            0
-        );
+        assert_one::<i64, i64>("SELECT count(*) FROM snowid_next_batch(NULL)", 0);
     }
 
     #[pg_test]
@@ -114,27 +119,18 @@ mod tests {
             decoded,
             (Some("2026-11-29 12:00:00".into()), Some(17), Some(3))
         );
-        assert_eq!(
-            one::<String>("SELECT snowid_timestamp(0) AT TIME ZONE 'UTC' || ''"),
-            "2026-01-01 00:00:00"
+        assert_one::<String, &str>(
+            "SELECT snowid_timestamp(0) AT TIME ZONE 'UTC' || ''",
+            "2026-01-01 00:00:00",
         );
-        assert_eq!(
-            one::<String>("SELECT snowid_timestamp(9223372036854775807) AT TIME ZONE 'UTC' || ''"),
-            "2095-09-07 15:47:35.551"
+        assert_one::<String, &str>(
+            "SELECT snowid_timestamp(9223372036854775807) AT TIME ZONE 'UTC' || ''",
+            "2095-09-07 15:47:35.551",
         );
-        assert_eq!(
-            one::<i32>("SELECT snowid_worker_id(9223372036854775807)"),
-            1023
-        );
-        assert_eq!(
-            one::<i32>("SELECT snowid_sequence(9223372036854775807)"),
-            4095
-        );
-        assert_eq!(
-            one::<i32>("SELECT snowid_worker_id(120493965312069635)"),
-            17
-        );
-        assert_eq!(one::<i32>("SELECT snowid_sequence(120493965312069635)"), 3);
+        assert_one::<i32, i32>("SELECT snowid_worker_id(9223372036854775807)", 1023);
+        assert_one::<i32, i32>("SELECT snowid_sequence(9223372036854775807)", 4095);
+        assert_one::<i32, i32>("SELECT snowid_worker_id(120493965312069635)", 17);
+        assert_one::<i32, i32>("SELECT snowid_sequence(120493965312069635)", 3);
     }
 
     #[pg_test]
@@ -294,17 +290,14 @@ mod tests {
     #[pg_test]
     fn from_timestamp_gives_the_first_id_of_the_millisecond() {
         wait_for_lease();
-        assert_eq!(
-            one::<i64>("SELECT snowid_from_timestamp('2026-01-01 00:00:00+00')"),
-            0
+        assert_one::<i64, i64>("SELECT snowid_from_timestamp('2026-01-01 00:00:00+00')", 0);
+        assert_one::<i64, i64>(
+            "SELECT snowid_from_timestamp('2026-11-29 12:00:00.0005+00')",
+            120_493_965_312_000_000,
         );
-        assert_eq!(
-            one::<i64>("SELECT snowid_from_timestamp('2026-11-29 12:00:00.0005+00')"),
-            120_493_965_312_000_000
-        );
-        assert_eq!(
-            one::<i64>("SELECT snowid_from_timestamp('2095-09-07 15:47:35.551999+00')"),
-            9_223_372_036_850_581_504
+        assert_one::<i64, i64>(
+            "SELECT snowid_from_timestamp('2095-09-07 15:47:35.551999+00')",
+            9_223_372_036_850_581_504,
         );
         let covers: bool = one("SELECT snowid_from_timestamp(snowid_timestamp(id)) <= id
                 AND id < snowid_from_timestamp(snowid_timestamp(id) + interval '1 millisecond')
@@ -380,7 +373,7 @@ mod tests {
             "last_id is the newest id of any backend"
         );
         assert!(status.2.unwrap() > before);
-        assert_eq!(one::<i64>("SELECT count(*) FROM snowid_status()"), 1);
+        assert_one::<i64, i64>("SELECT count(*) FROM snowid_status()", 1);
         let counters: bool = one(
             "SELECT clock_backward_waits >= 0 AND clock_backward_refusals = 0 AND sequence_overflow_waits >= 0 FROM snowid_status()",
         );
@@ -401,8 +394,8 @@ mod tests {
             error_of("SELECT set_config('snowid.worker_id', '5', false)"),
             "55P02: parameter \"snowid.worker_id\" cannot be changed without restarting the server"
         );
-        assert_eq!(one::<String>("SHOW snowid.worker_id"), "17");
-        assert_eq!(one::<String>("SHOW snowid.max_clock_backward"), "5ms");
+        assert_one::<String, &str>("SHOW snowid.worker_id", "17");
+        assert_one::<String, &str>("SHOW snowid.max_clock_backward", "5ms");
     }
 
     #[pg_test]
@@ -446,9 +439,9 @@ mod tests {
     fn ordinary_roles_read_the_lease_table_but_cannot_write_it() {
         assert_eq!(error_of("SELECT 1"), "no error");
         Spi::run("CREATE ROLE snowid_reader; SET LOCAL ROLE snowid_reader").unwrap();
-        assert_eq!(
-            one::<i64>("SELECT count(*) FROM snowid.worker_lease WHERE worker_id = 17"),
-            1
+        assert_one::<i64, i64>(
+            "SELECT count(*) FROM snowid.worker_lease WHERE worker_id = 17",
+            1,
         );
         for statement in [
             "INSERT INTO snowid.worker_lease (worker_id) VALUES (5)",
@@ -562,13 +555,11 @@ mod tests {
         assert_eq!(claim("restarted", false), "true pg@db1:5432 true");
         // Its lease run out, a new run takes it on a shared registry too.
         held_row(931, "111-old", "pg@db1:5432", -1);
-        assert_eq!(
-            one::<String>(
-                "SELECT c.granted::text FROM snowid.lease_claim(931, '111-old', 'later', 'pg@db1:5432',
+        assert_one::<String, &str>(
+            "SELECT c.granted::text FROM snowid.lease_claim(931, '111-old', 'later', 'pg@db1:5432',
                      30000, (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000
-                     + 30000, true, 1) c"
-            ),
-            "true"
+                     + 30000, true, 1) c",
+            "true",
         );
     }
 
@@ -602,7 +593,7 @@ mod tests {
         .unwrap();
         // The epoch as CREATE EXTENSION made it, as a registry restored from a dump (which leaves
         // the epoch out) has it too.
-        assert_eq!(one::<String>("SELECT run FROM snowid.registry_epoch"), "");
+        assert_one::<String, &str>("SELECT run FROM snowid.registry_epoch", "");
         // The holder of the running lease renews it by its row, without saying it holds it.
         assert_eq!(
             shared_claim(940, "111-a", false, 30_000),

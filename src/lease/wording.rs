@@ -198,26 +198,25 @@ mod tests {
             worker_id: Some(7),
             ..Status::default()
         };
+        // The reasons given to a server that names worker id 7, and to one that leases any.
+        let reasons = |status: &Status| {
+            [
+                refusal_reason(status, Some(7), 0),
+                refusal_reason(status, None, 0),
+            ]
+        };
         status.last_error = Text::new("extension snowid is not installed in database \"postgres\"");
-        assert_eq!(
-            refusal_reason(&status, Some(7), 0),
-            "the lease on worker id 7 is not acquired yet: extension snowid is not installed in database \"postgres\""
-        );
-        assert_eq!(
-            refusal_reason(&status, None, 0),
-            "the lease on a worker id is not acquired yet: extension snowid is not installed in database \"postgres\""
-        );
+        assert_eq!(reasons(&status), [
+            "the lease on worker id 7 is not acquired yet: extension snowid is not installed in database \"postgres\"",
+            "the lease on a worker id is not acquired yet: extension snowid is not installed in database \"postgres\"",
+        ]);
         status.state = State::HeldByOther;
         status.holder = Text::new("node-a (127.0.0.1:5433)");
         status.expires_at = 1_795_953_600_123;
-        assert_eq!(
-            refusal_reason(&status, Some(7), 0),
-            "worker id 7 is leased by another server, node-a (127.0.0.1:5433), until 2026-11-29 12:00:00.123 UTC"
-        );
-        assert_eq!(
-            refusal_reason(&status, None, 0),
-            "no worker id is free: every one of the 1024 is leased by another server"
-        );
+        assert_eq!(reasons(&status), [
+            "worker id 7 is leased by another server, node-a (127.0.0.1:5433), until 2026-11-29 12:00:00.123 UTC",
+            "no worker id is free: every one of the 1024 is leased by another server",
+        ]);
         status.state = State::RegistryUnreachable;
         status.unreachable_since = 1_795_953_600_000;
         status.last_error = Text::new("connection refused");
@@ -276,23 +275,32 @@ mod tests {
         assert_eq!(refusal_detail(&status), None);
     }
 
+    /// Worker id 5, leased by `holder` until 2026-11-29 12:00:00.123 UTC.
+    fn held_by_other(holder: &str) -> Status {
+        Status {
+            state: State::HeldByOther,
+            worker_id: Some(5),
+            holder: Text::new(holder),
+            expires_at: 1_795_953_600_123,
+            ..Status::default()
+        }
+    }
+
+    fn assert_refusal(status: &Status, reason: &str, hint: &str) {
+        assert_eq!(refusal_reason(status, Some(5), 0), reason);
+        assert_eq!(refusal_hint(status, Some(5)), hint);
+    }
+
     #[test]
     fn a_lease_held_under_this_servers_own_name_says_it_may_be_a_copy() {
         let status = Status {
-            state: State::HeldByOther,
-            worker_id: Some(5),
-            holder: Text::new("pg@node1:5432"),
-            expires_at: 1_795_953_600_123,
             own_name: true,
-            ..Status::default()
+            ..held_by_other("pg@node1:5432")
         };
-        assert_eq!(
-            refusal_reason(&status, Some(5), 0),
-            "worker id 5 is leased until 2026-11-29 12:00:00.123 UTC under this server's own name, pg@node1:5432, by another run: an earlier run of this server, or a copy of it (a cloned machine or disk) that renews the lease"
-        );
-        assert_eq!(
-            refusal_hint(&status, Some(5)),
-            "An earlier run's lease runs out by itself, and issuing resumes then. If it is renewed past that time, a copy of this server runs beside it: give one of the two another snowid.worker_id and restart it."
+        assert_refusal(
+            &status,
+            "worker id 5 is leased until 2026-11-29 12:00:00.123 UTC under this server's own name, pg@node1:5432, by another run: an earlier run of this server, or a copy of it (a cloned machine or disk) that renews the lease",
+            "An earlier run's lease runs out by itself, and issuing resumes then. If it is renewed past that time, a copy of this server runs beside it: give one of the two another snowid.worker_id and restart it.",
         );
         assert_eq!(refusal_detail(&status), None);
     }
@@ -300,57 +308,42 @@ mod tests {
     #[test]
     fn a_registry_that_may_have_lost_a_lease_says_until_when_it_grants_none() {
         let status = Status {
-            state: State::HeldByOther,
-            worker_id: Some(5),
-            expires_at: 1_795_953_600_123,
             unsettled: true,
-            ..Status::default()
+            ..held_by_other("")
         };
         let reason = "is not granted before 2026-11-29 12:00:00.123 UTC: the registry may have lost the lease of a server that holds it (it was restarted, restored or rewritten), and grants it to no new holder until every lease it may have lost has run out";
-        assert_eq!(
-            refusal_reason(&status, Some(5), 0),
-            format!("worker id 5 {reason}")
+        assert_refusal(
+            &status,
+            &format!("worker id 5 {reason}"),
+            "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.",
         );
         // Also to a server that leases any free worker id.
         assert_eq!(
             refusal_reason(&status, None, 0),
             format!("a worker id {reason}")
         );
-        assert_eq!(
-            refusal_hint(&status, Some(5)),
-            "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."
-        );
     }
 
     #[test]
     fn a_row_that_needs_a_handover_says_how() {
         let status = Status {
-            state: State::HeldByOther,
-            worker_id: Some(5),
-            holder: Text::new("node1:5433"),
-            expires_at: 1_795_953_600_123,
             handover_needed: true,
-            ..Status::default()
+            ..held_by_other("node1:5433")
         };
-        assert_eq!(
-            refusal_reason(&status, Some(5), 0),
-            "worker id 5 is held by node1:5433, another server that has not released it"
-        );
-        assert_eq!(
-            refusal_hint(&status, Some(5)),
-            "Give this server another snowid.worker_id and restart it, or, once node1:5433 is stopped for good, run SELECT snowid_handover(5) on this server."
+        let hint = "Give this server another snowid.worker_id and restart it, or, once node1:5433 is stopped for good, run SELECT snowid_handover(5) on this server.";
+        assert_refusal(
+            &status,
+            "worker id 5 is held by node1:5433, another server that has not released it",
+            hint,
         );
         let released = Status {
             released: true,
             ..status
         };
-        assert_eq!(
-            refusal_reason(&released, Some(5), 0),
-            "worker id 5 was released by node1:5433, and this server may be a copy of it"
-        );
-        assert_eq!(
-            refusal_hint(&released, Some(5)),
-            refusal_hint(&status, Some(5))
+        assert_refusal(
+            &released,
+            "worker id 5 was released by node1:5433, and this server may be a copy of it",
+            hint,
         );
     }
 }

@@ -263,60 +263,28 @@ mod tests {
 
     #[test]
     fn bad_settings_say_what_is_wrong() {
-        let error = |text| Setting::parse(text).unwrap_err();
-        assert_eq!(
-            error("etcd:///snowid"),
-            "an etcd member is named by HOST:PORT, and one of the list is empty"
-        );
-        assert_eq!(
-            error("etcd://a:1,,b:2/x"),
-            "an etcd member is named by HOST:PORT, and one of the list is empty"
-        );
-        assert_eq!(error("etcd://a:0/x"), "member \"a:0\" has no valid port");
-        assert_eq!(error("etcd://a:b/x"), "member \"a:b\" has no valid port");
-        assert_eq!(error("etcd://:5/x"), "member \":5\" has no valid host");
-        assert_eq!(
-            error("etcd://[::1/x"),
-            "member \"[::1\" lacks the closing bracket"
-        );
-        assert_eq!(
-            error("etcd://a/x//y"),
-            "the key prefix \"x//y\" has an empty part"
-        );
-        assert_eq!(
-            error("etcd://node1:secret@a:2379/x"),
-            "etcd members are named HOST:PORT, with no user or password: name the user with the user option and the password's file with password_file"
-        );
-        assert_eq!(
-            error("etcd://a/x?password=secret"),
-            "a password is never written in snowid.registry: name a file holding it with password_file"
-        );
-        assert_eq!(
-            error("etcd://a/x?sslmode=require"),
-            "unknown option \"sslmode\" (snowid knows cacert, cert, key, user and password_file)"
-        );
-        assert_eq!(error("etcd://a/x?user"), "option \"user\" has no value");
-        assert_eq!(error("etcd://a/x?user="), "option \"user\" is empty");
-        assert_eq!(
-            error("etcd://a/x?user=a&user=b&password_file=/p"),
-            "option \"user\" is given twice"
-        );
-        assert_eq!(
-            error("etcd://a/x?cert=/c"),
-            "options cert and key come together"
-        );
-        assert_eq!(
-            error("etcd://a/x?cert=/c&key=/k"),
-            "a client certificate needs TLS: name the members' CA with cacert"
-        );
-        assert_eq!(
-            error("etcd://a/x?user=u"),
-            "options user and password_file come together"
-        );
-        assert_eq!(
-            error("etcd://10.0.0.11:2379/snowid?user=node1&password_file=/etc/pw"),
-            "etcd's user authentication needs TLS, or the password would cross the network in the clear: name the members' CA with cacert"
-        );
-        assert_eq!(error("host=a"), "an etcd registry starts with etcd://");
+        let cases = [
+            ("etcd:///snowid", "an etcd member is named by HOST:PORT, and one of the list is empty"),
+            ("etcd://a:1,,b:2/x", "an etcd member is named by HOST:PORT, and one of the list is empty"),
+            ("etcd://a:0/x", "member \"a:0\" has no valid port"),
+            ("etcd://a:b/x", "member \"a:b\" has no valid port"),
+            ("etcd://:5/x", "member \":5\" has no valid host"),
+            ("etcd://[::1/x", "member \"[::1\" lacks the closing bracket"),
+            ("etcd://a/x//y", "the key prefix \"x//y\" has an empty part"),
+            ("etcd://node1:secret@a:2379/x", "etcd members are named HOST:PORT, with no user or password: name the user with the user option and the password's file with password_file"),
+            ("etcd://a/x?password=secret", "a password is never written in snowid.registry: name a file holding it with password_file"),
+            ("etcd://a/x?sslmode=require", "unknown option \"sslmode\" (snowid knows cacert, cert, key, user and password_file)"),
+            ("etcd://a/x?user", "option \"user\" has no value"),
+            ("etcd://a/x?user=", "option \"user\" is empty"),
+            ("etcd://a/x?user=a&user=b&password_file=/p", "option \"user\" is given twice"),
+            ("etcd://a/x?cert=/c", "options cert and key come together"),
+            ("etcd://a/x?cert=/c&key=/k", "a client certificate needs TLS: name the members' CA with cacert"),
+            ("etcd://a/x?user=u", "options user and password_file come together"),
+            ("etcd://10.0.0.11:2379/snowid?user=node1&password_file=/etc/pw", "etcd's user authentication needs TLS, or the password would cross the network in the clear: name the members' CA with cacert"),
+            ("host=a", "an etcd registry starts with etcd://"),
+        ];
+        for (setting, message) in cases {
+            assert_eq!(Setting::parse(setting).unwrap_err(), message, "{setting}");
+        }
     }
 }
