@@ -12,12 +12,15 @@ use std::time::Instant;
 /// The registry, through the members that `snowid.registry` lists.
 pub struct Etcd {
     gateway: Gateway,
+    /// Says when a call must give up at once, such as when the server shuts down.
+    stop: fn() -> bool,
 }
 
 impl Etcd {
-    pub fn new(setting: Setting) -> Etcd {
+    pub fn new(setting: Setting, stop: fn() -> bool) -> Etcd {
         Etcd {
             gateway: Gateway::new(setting),
+            stop,
         }
     }
 
@@ -30,17 +33,12 @@ impl Etcd {
     }
 
     /// Reads `worker_id`'s three keys at one revision.
-    pub(super) fn read(
-        &mut self,
-        worker_id: u16,
-        budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
-    ) -> Result<KeysRead, Failure> {
+    pub(super) fn read(&mut self, worker_id: u16, budget: Instant) -> Result<KeysRead, Failure> {
         let ranges: Vec<Value> = ["workers", "holders", "marks"]
             .iter()
             .map(|kind| json!({"request_range": {"key": encode(&self.key(kind, worker_id))}}))
             .collect();
-        let reply = self.call("/v3/kv/txn", json!({"success": ranges}), budget, stop)?;
+        let reply = self.call("/v3/kv/txn", json!({"success": ranges}), budget)?;
         let slot = |index: usize| -> Result<Slot, Failure> {
             reply.body["responses"][index]["response_range"]["kvs"]
                 .get(0)
@@ -64,7 +62,6 @@ impl Etcd {
         &mut self,
         kind: &str,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<Vec<(u16, Slot)>, Failure> {
         let start = format!("{}/{kind}/", self.prefix());
         // The key right after every key that starts so: '/' + 1 is '0'.
@@ -73,7 +70,6 @@ impl Etcd {
             "/v3/kv/range",
             json!({"key": encode(&start), "range_end": encode(&end)}),
             budget,
-            stop,
         )?;
         reply.body["kvs"]
             .as_array()
@@ -98,7 +94,6 @@ impl Etcd {
         snapshot: &KeysRead,
         ops: Vec<Value>,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<bool, Failure> {
         let compare: Vec<Value> = [
             ("workers", &snapshot.worker),
@@ -119,42 +114,25 @@ impl Etcd {
             "/v3/kv/txn",
             json!({"compare": compare, "success": ops}),
             budget,
-            stop,
         )?;
         Ok(reply.body["succeeded"].as_bool() == Some(true))
     }
 
     /// Keeps the etcd lease `lease` alive: the seconds it has now, 0 or less when it ran out.
-    pub(super) fn keep_alive(
-        &mut self,
-        lease: i64,
-        budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
-    ) -> Result<i64, Failure> {
-        let reply = self.lease_call("/v3/lease/keepalive", lease, budget, stop)?;
+    pub(super) fn keep_alive(&mut self, lease: i64, budget: Instant) -> Result<i64, Failure> {
+        let reply = self.lease_call("/v3/lease/keepalive", lease, budget)?;
         Ok(int(&reply.body["result"]["TTL"]))
     }
 
     /// The seconds the etcd lease `lease` has left; -1 when it does not exist.
-    pub(super) fn time_to_live(
-        &mut self,
-        lease: i64,
-        budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
-    ) -> Result<i64, Failure> {
-        let reply = self.lease_call("/v3/lease/timetolive", lease, budget, stop)?;
+    pub(super) fn time_to_live(&mut self, lease: i64, budget: Instant) -> Result<i64, Failure> {
+        let reply = self.lease_call("/v3/lease/timetolive", lease, budget)?;
         Ok(int(&reply.body["TTL"]))
     }
 
     /// Calls `path` of etcd's lease API on the etcd lease `lease`.
-    fn lease_call(
-        &mut self,
-        path: &str,
-        lease: i64,
-        budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
-    ) -> Result<Reply, Failure> {
-        self.call(path, json!({"ID": lease.to_string()}), budget, stop)
+    fn lease_call(&mut self, path: &str, lease: i64, budget: Instant) -> Result<Reply, Failure> {
+        self.call(path, json!({"ID": lease.to_string()}), budget)
     }
 
     pub(super) fn call(
@@ -162,9 +140,8 @@ impl Etcd {
         path: &str,
         body: Value,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<Reply, Failure> {
-        self.gateway.call(path, &body, budget, stop)
+        self.gateway.call(path, &body, budget, &mut self.stop)
     }
 }
 

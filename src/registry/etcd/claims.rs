@@ -77,13 +77,12 @@ impl Etcd {
         worker_id: Option<u16>,
         request: &Request,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<Answer, Failure> {
         let Some(worker_id) = worker_id else {
-            return self.claim_any(request, budget, stop);
+            return self.claim_any(request, budget);
         };
         for _ in 0..ATTEMPTS {
-            if let Some(row) = self.try_claim(worker_id, request, budget, stop)? {
+            if let Some(row) = self.try_claim(worker_id, request, budget)? {
                 return Ok(row);
             }
         }
@@ -92,18 +91,13 @@ impl Etcd {
         )))
     }
 
-    fn claim_any(
-        &mut self,
-        request: &Request,
-        budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
-    ) -> Result<Answer, Failure> {
+    fn claim_any(&mut self, request: &Request, budget: Instant) -> Result<Answer, Failure> {
         // Worker ids whose keys are gone while another server's etcd lease on them runs.
         let mut leased: Vec<u16> = vec![];
         let mut lost_races = 0;
         while lost_races < ATTEMPTS {
             let recorded = self
-                .range_prefix("holders", budget, stop)?
+                .range_prefix("holders", budget)?
                 .into_iter()
                 .filter(|(_, slot)| {
                     slot.value
@@ -122,7 +116,7 @@ impl Etcd {
                 Some(worker_id) => worker_id,
                 None => {
                     let taken: Vec<u16> = self
-                        .range_prefix("workers", budget, stop)?
+                        .range_prefix("workers", budget)?
                         .into_iter()
                         .filter(|(_, slot)| slot.lease != 0)
                         .map(|(worker_id, _)| worker_id)
@@ -143,7 +137,7 @@ impl Etcd {
                     }
                 }
             };
-            match self.try_claim(worker_id, request, budget, stop)? {
+            match self.try_claim(worker_id, request, budget)? {
                 // Its keys are this server's now, a spent worker id's too.
                 Some(answer)
                     if matches!(
@@ -173,9 +167,8 @@ impl Etcd {
         worker_id: u16,
         request: &Request,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<Option<Answer>, Failure> {
-        let snapshot = self.read(worker_id, budget, stop)?;
+        let snapshot = self.read(worker_id, budget)?;
         let plan = plan(&snapshot, request).map_err(Failure::Error)?;
         let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
         let registry_ms = snapshot.registry_unix_ms;
@@ -184,7 +177,7 @@ impl Etcd {
         // whose etcd lease ran out.
         let (holder, floor_ms, continued) = match plan {
             Plan::Refuse { holder_name, lease } => {
-                let left_s = self.time_to_live(lease, budget, stop)?.max(0);
+                let left_s = self.time_to_live(lease, budget)?.max(0);
                 return Ok(Some(refused_answer(
                     worker_id,
                     Some(holder_name),
@@ -200,7 +193,7 @@ impl Etcd {
                     new_mark_ms,
                     registry_ms,
                 };
-                let holder = match self.renew(&snapshot, renewal, holder, budget, stop)? {
+                let holder = match self.renew(&snapshot, renewal, holder, budget)? {
                     ControlFlow::Break(answer) => return Ok(answer),
                     ControlFlow::Continue(holder) => holder,
                 };
@@ -223,15 +216,7 @@ impl Etcd {
                 (holder, floor_ms, false)
             }
         };
-        let taken = self.take(
-            worker_id,
-            &snapshot,
-            request,
-            new_mark_ms,
-            holder,
-            budget,
-            stop,
-        )?;
+        let taken = self.take(worker_id, &snapshot, request, new_mark_ms, holder, budget)?;
         Ok(match taken {
             Taken::Raced => None,
             Taken::Keys {
@@ -265,9 +250,8 @@ impl Etcd {
         renewal: Renewal,
         holder: Holder,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<ControlFlow<Option<Answer>, Holder>, Failure> {
-        let ttl_s = self.keep_alive(renewal.lease, budget, stop)?;
+        let ttl_s = self.keep_alive(renewal.lease, budget)?;
         if ttl_s <= 0 {
             return Ok(ControlFlow::Continue(holder));
         }
@@ -277,7 +261,7 @@ impl Etcd {
             &renewal.new_mark_ms.to_string(),
             0,
         );
-        let renewed = self.commit(worker_id, snapshot, vec![mark], budget, stop)?;
+        let renewed = self.commit(worker_id, snapshot, vec![mark], budget)?;
         Ok(ControlFlow::Break(renewed.then(|| {
             granted_answer(
                 worker_id,
@@ -305,7 +289,6 @@ impl Etcd {
         new_mark_ms: u64,
         holder: Holder,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<Taken, Failure> {
         let lease = lease_id(self.prefix(), worker_id);
         let ttl_s = request.ttl.as_secs().max(1);
@@ -313,14 +296,13 @@ impl Etcd {
             "/v3/lease/grant",
             json!({"ID": lease.to_string(), "TTL": ttl_s.to_string()}),
             budget,
-            stop,
         );
         let (granted_s, holder, renewal) = match grant {
             Ok(reply) => (int(&reply.body["TTL"]), holder, false),
             Err(failure) if is_lease_taken(&failure) => {
                 match request.held.filter(|held| held.worker_id == worker_id) {
                     Some(held) => {
-                        let ttl_s = self.keep_alive(lease, budget, stop)?;
+                        let ttl_s = self.keep_alive(lease, budget)?;
                         if ttl_s <= 0 {
                             // It ran out since: grant it anew at the next claim.
                             return Ok(Taken::Raced);
@@ -332,7 +314,7 @@ impl Etcd {
                         (ttl_s, holder, true)
                     }
                     None => {
-                        let left_s = self.time_to_live(lease, budget, stop)?.max(1);
+                        let left_s = self.time_to_live(lease, budget)?.max(1);
                         return Ok(Taken::LeaseRuns { left_s });
                     }
                 }
@@ -347,7 +329,7 @@ impl Etcd {
             put(&self.key("holders", worker_id), &holder.to_json(), lease),
             put(&self.key("marks", worker_id), &new_mark_ms.to_string(), 0),
         ];
-        if self.commit(worker_id, snapshot, ops, budget, stop)? {
+        if self.commit(worker_id, snapshot, ops, budget)? {
             return Ok(Taken::Keys {
                 ttl_s: granted_s,
                 holder,
@@ -356,7 +338,7 @@ impl Etcd {
         }
         // The keys changed, perhaps by this very transaction, applied by a member whose answer was
         // lost and sent again to the next.
-        let now = self.read(worker_id, budget, stop)?;
+        let now = self.read(worker_id, budget)?;
         if now.worker.lease == lease && now.holder().as_ref() == Some(&holder) {
             return Ok(Taken::Keys {
                 ttl_s: granted_s,
@@ -367,12 +349,7 @@ impl Etcd {
         // Lost the race to a server with a lease of another ID (snowid 0.7.0): the new etcd lease
         // holds nothing, and would run out by itself. One this server issues under stays.
         if !renewal {
-            let _ = self.call(
-                "/v3/lease/revoke",
-                json!({"ID": lease.to_string()}),
-                budget,
-                stop,
-            );
+            let _ = self.call("/v3/lease/revoke", json!({"ID": lease.to_string()}), budget);
         }
         Ok(Taken::Raced)
     }
@@ -386,10 +363,9 @@ impl Etcd {
         incarnation: &str,
         high_water_ms: u64,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<(), Failure> {
         for _ in 0..ATTEMPTS {
-            let snapshot = self.read(worker_id, budget, stop)?;
+            let snapshot = self.read(worker_id, budget)?;
             let Some(own) = snapshot
                 .holder()
                 .filter(|own| own.holder == holder && own.incarnation == incarnation)
@@ -403,14 +379,14 @@ impl Etcd {
                 delete(&self.key("workers", worker_id)),
                 delete(&self.key("holders", worker_id)),
             ];
-            if self.commit(worker_id, &snapshot, ops, budget, stop)? {
+            if self.commit(worker_id, &snapshot, ops, budget)? {
                 // Keys written back by hand are bound to no etcd lease; this server's still runs.
                 let lease = match snapshot.worker.lease {
                     0 => lease_id(self.prefix(), worker_id),
                     lease => lease,
                 }
                 .to_string();
-                return match self.call("/v3/lease/revoke", json!({"ID": lease}), budget, stop) {
+                return match self.call("/v3/lease/revoke", json!({"ID": lease}), budget) {
                     Err(failure) if !is_not_found(&failure) => Err(failure),
                     _ => Ok(()),
                 };
@@ -428,9 +404,8 @@ impl Etcd {
         worker_id: u16,
         holder: &str,
         budget: Instant,
-        stop: &mut dyn FnMut() -> bool,
     ) -> Result<Option<(String, Option<Holder>)>, Failure> {
-        Ok(self.read(worker_id, budget, stop)?.other_holder(holder))
+        Ok(self.read(worker_id, budget)?.other_holder(holder))
     }
 }
 

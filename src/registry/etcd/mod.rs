@@ -32,7 +32,7 @@ impl EtcdRegistry {
         BackgroundWorker::connect_worker_to_spi(None, None);
         match Setting::parse(registry) {
             Ok(setting) => Some(EtcdRegistry {
-                etcd: Etcd::new(setting),
+                etcd: Etcd::new(setting, stop),
             }),
             Err(error) => {
                 // Only a restart changes the setting, so wait for one.
@@ -61,8 +61,7 @@ impl EtcdRegistry {
         // at the next member, so that the status says the registry is unreachable well before
         // the lease's deadline.
         let budget = Instant::now() + claim.timing.renew_every();
-        self.etcd
-            .claim(claim.worker_id, &request, budget, &mut stop)
+        self.etcd.claim(claim.worker_id, &request, budget)
     }
 
     /// Who else holds `worker_id` under a live etcd lease, for a standby (see
@@ -74,9 +73,7 @@ impl EtcdRegistry {
         timing: Timing,
     ) -> Result<Option<(String, Option<String>)>, Failure> {
         let budget = Instant::now() + timing.renew_every();
-        let found = self
-            .etcd
-            .other_holder(worker_id, &me.holder, budget, &mut stop)?;
+        let found = self.etcd.other_holder(worker_id, &me.holder, budget)?;
         Ok(found.map(|(name, record)| (name, record.map(|record| record.holder))))
     }
 
@@ -90,7 +87,6 @@ impl EtcdRegistry {
             &release.me.incarnation,
             release.high_water_ms,
             budget,
-            &mut stop,
         )
     }
 }
