@@ -11,19 +11,10 @@ usage="usage: benches/compare.sh BASE [--rounds N] [--ids N]"
 base_rev=$1
 shift
 rounds=5 ids=2000000
-fail() { echo "compare.sh: $1" >&2; echo "$usage" >&2; exit 2; }
-while [ $# -gt 0 ]; do
-    [ $# -ge 2 ] || fail "$1 needs a value"
-    case $1 in
-        --rounds) rounds=$2 ;;
-        --ids) ids=$2 ;;
-        *) fail "unknown argument $1" ;;
-    esac
-    shift 2
-done
-[[ $rounds =~ ^[1-9][0-9]*$ ]] || fail "--rounds $rounds is not a positive number"
-[[ $ids =~ ^[1-9][0-9]*$ ]] || fail "--ids $ids is not a positive number"
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+read_options "$usage" --rounds=rounds --ids=ids -- "$@"
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || usage_error "$usage" "--rounds $rounds is not a positive number"
+[[ $ids =~ ^[1-9][0-9]*$ ]] || usage_error "$usage" "--ids $ids is not a positive number"
 prepare build
 cd "$REPO"
 base_commit=$(git rev-parse --verify --quiet "$base_rev^{commit}") ||

@@ -12,26 +12,15 @@ usage="usage: benches/growth.sh [--rows N] [--step N] [--shared-buffers SIZE] [-
           each table goes on for two more steps
   --step: rows between two records (default 1000000), a multiple of 2000
   sizes: a number and a unit of kB, MB, GB (defaults 128MB and 1GB)"
-fail() { echo "growth.sh: $1" >&2; echo "$usage" >&2; exit 2; }
-while [ $# -gt 0 ]; do
-    [ $# -ge 2 ] || fail "$1 needs a value"
-    case $1 in
-        --rows) rows=$2 ;;
-        --step) step=$2 ;;
-        --shared-buffers) shared_buffers=$2 ;;
-        --max-wal-size) max_wal_size=$2 ;;
-        --out-dir) out_dir=$2 ;;
-        *) fail "unknown argument $1" ;;
-    esac
-    shift 2
-done
-[[ $step =~ ^[1-9][0-9]*$ && $((step % 2000)) = 0 ]] || fail "--step $step is not a positive multiple of 2000"
-[[ $rows =~ ^[1-9][0-9]*$ && $((rows % step)) = 0 ]] || fail "--rows $rows is not a positive multiple of --step"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+read_options "$usage" --rows=rows --step=step --shared-buffers=shared_buffers \
+    --max-wal-size=max_wal_size --out-dir=out_dir -- "$@"
+[[ $step =~ ^[1-9][0-9]*$ && $((step % 2000)) = 0 ]] || usage_error "$usage" "--step $step is not a positive multiple of 2000"
+[[ $rows =~ ^[1-9][0-9]*$ && $((rows % step)) = 0 ]] || usage_error "$usage" "--rows $rows is not a positive multiple of --step"
 for size in "$shared_buffers" "$max_wal_size"; do
-    [[ $size =~ ^[1-9][0-9]*(kB|MB|GB)$ ]] || fail "$size is not a size such as 128MB"
+    [[ $size =~ ^[1-9][0-9]*(kB|MB|GB)$ ]] || usage_error "$usage" "$size is not a size such as 128MB"
 done
 
-source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 prepare build
 growth=(python3 "$REPO/benches/growth.py")
 install_matplotlib

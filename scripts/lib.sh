@@ -13,6 +13,33 @@ NEXTEST_VERSION=0.9.143
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MAJORS=(15 16 17 18)
 
+# usage_error USAGE MESSAGE: ends the script that sourced this file, saying what was wrong and how
+# to call it.
+usage_error() {
+    echo "$(basename "$0"): $2" >&2
+    echo "$1" >&2
+    exit 2
+}
+
+# read_options USAGE --FLAG=VARIABLE... -- ARG...: sets each VARIABLE to the value that follows its
+# --FLAG among the ARGs; a flag without a value, or one not named, is a usage error.
+read_options() {
+    local usage=$1 names=() name variable
+    shift
+    while [ "$1" != -- ]; do names+=("$1"); shift; done
+    shift
+    while [ $# -gt 0 ]; do
+        [ $# -ge 2 ] || usage_error "$usage" "$1 needs a value"
+        variable=
+        for name in "${names[@]}"; do
+            if [ "${name%%=*}" = "$1" ]; then variable=${name#*=}; fi
+        done
+        [ -n "$variable" ] || usage_error "$usage" "unknown argument $1"
+        printf -v "$variable" '%s' "$2"
+        shift 2
+    done
+}
+
 is_root() { [ "$(id -u)" = 0 ]; }
 as_root() { if is_root; then "$@"; else sudo "$@"; fi; }
 
