@@ -58,7 +58,7 @@ impl Issuer {
         issuer
     }
 
-    fn claim(&self, wanted: u32) -> StampRun {
+    fn issue(&self, wanted: u32) -> StampRun {
         if !server::postmaster_alive() {
             SnowidError::PostmasterGone.fatal(self.function)
         }
@@ -113,7 +113,7 @@ fn monotonic_ms() -> u64 {
 /// A fresh id, greater than every id this server issued before it.
 #[pg_extern(volatile, parallel_safe)]
 fn snowid_next() -> i64 {
-    let run = Issuer::for_ids("snowid_next").claim(1);
+    let run = Issuer::for_ids("snowid_next").issue(1);
     layout::id_from_stamp(run.first, run.worker_id)
 }
 
@@ -134,7 +134,7 @@ fn snowid_next_batch(count: i32) -> SetOfIterator<'static, i64> {
     let mut remaining = wanted;
     let runs = std::iter::from_fn(move || {
         (remaining > 0).then(|| {
-            let run = issuer.claim(remaining.min(IDS_PER_MILLI as u32));
+            let run = issuer.issue(remaining.min(IDS_PER_MILLI as u32));
             remaining -= run.count;
             run
         })

@@ -62,7 +62,7 @@ impl StampRun {
 /// What the clock and the last stamp allow right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Next {
-    Claim(StampRun),
+    Take(StampRun),
     WaitForNextMilli,
     ClockBehind { by_ms: u64 },
 }
@@ -84,7 +84,7 @@ fn next(last_stamp: u64, now_millis: u64, wanted: u32) -> Next {
         return Next::WaitForNextMilli;
     }
     let room = IDS_PER_MILLI - layout::stamp_sequence(first);
-    Next::Claim(StampRun {
+    Next::Take(StampRun {
         first,
         count: room.min(u64::from(wanted)) as u32,
         worker_id: 0,
@@ -180,7 +180,7 @@ impl IssuingState {
             let last = self.last_stamp.load(Ordering::Acquire);
             let now = clock_millis(clock)?;
             match next(last, now, wanted) {
-                Next::Claim(run) => {
+                Next::Take(run) => {
                     if let ControlFlow::Break(issued) =
                         self.try_claim(clock, waiter, last, now, run, &mut ceiling_poll)
                     {

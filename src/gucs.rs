@@ -111,15 +111,15 @@ pub fn lease_timing() -> Timing {
 }
 
 pub fn database() -> String {
-    text(&DATABASE)
+    setting_text(&DATABASE)
 }
 
 /// The registry's connection string or etcd URL, or `None` for this server.
 pub fn registry() -> Option<String> {
-    Some(text(&REGISTRY)).filter(|conninfo| !conninfo.trim().is_empty())
+    Some(setting_text(&REGISTRY)).filter(|conninfo| !conninfo.trim().is_empty())
 }
 
-fn text(setting: &GucSetting<Option<CString>>) -> String {
+fn setting_text(setting: &GucSetting<Option<CString>>) -> String {
     setting
         .get()
         .map(|value| value.to_string_lossy().into_owned())

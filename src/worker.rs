@@ -16,7 +16,7 @@ use crate::ceiling::{self, Ceiling};
 use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
 use crate::generator::{Grant, IssuingState};
-use crate::lease::{self, Answer, Claim, Granted, State, Text, Timing};
+use crate::lease::{self, Answer, Granted, State, Text, Timing, Verdict};
 use crate::registry::{ClaimRequest, Held, Registry, Release};
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, server, shmem};
@@ -285,11 +285,11 @@ impl LeaseWorker {
         match answer {
             Ok(Answer {
                 worker_id: Some(worker_id),
-                claim: Claim::Granted(granted),
+                verdict: Verdict::Granted(granted),
             }) => self.granted(worker_id, granted, sent_ns),
             Ok(Answer {
-                claim:
-                    Claim::HeldByOther {
+                verdict:
+                    Verdict::HeldByOther {
                         holder,
                         expires_at,
                         released,
@@ -297,17 +297,17 @@ impl LeaseWorker {
                 ..
             }) => self.refused(&holder, expires_at, released, false),
             Ok(Answer {
-                claim: Claim::Unsettled { until },
+                verdict: Verdict::Unsettled { until },
                 ..
             }) => self.refused("", until, false, true),
             Ok(Answer {
                 worker_id,
-                claim: Claim::MarkBeyondLayout { high_water_ms },
+                verdict: Verdict::MarkBeyondLayout { high_water_ms },
             }) => self.mark_beyond_layout(worker_id, high_water_ms),
             // A registry whose function was replaced, say: it answered, but not as snowid's do.
             Ok(Answer {
                 worker_id: None,
-                claim: Claim::Granted(_),
+                verdict: Verdict::Granted(_),
             }) => {
                 self.malformed_answer("the registry granted a lease without naming its worker id")
             }

@@ -3,9 +3,9 @@
 
 use crate::layout;
 
-/// The registry's answer to a claim.
+/// What the registry decided on a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub enum Verdict {
     /// The lease is this server's.
     Granted(Granted),
     /// Another server holds the lease, or `released` it while this server may be a copy of it.
@@ -94,23 +94,23 @@ impl ClaimRow {
     pub fn answer(self) -> Answer {
         Answer {
             worker_id: self.worker_id.and_then(|id| u16::try_from(id).ok()),
-            claim: self.claim(),
+            verdict: self.verdict(),
         }
     }
 
-    pub fn claim(self) -> Claim {
+    pub fn verdict(self) -> Verdict {
         let expires_at = self.expires_at_unix_ms.unwrap_or(0);
         if self.granted != Some(true) && self.holder_name.is_none() {
-            return Claim::Unsettled { until: expires_at };
+            return Verdict::Unsettled { until: expires_at };
         }
         if self.granted != Some(true) {
-            return Claim::HeldByOther {
+            return Verdict::HeldByOther {
                 holder: self.holder_name.unwrap_or_default(),
                 expires_at,
                 released: self.released == Some(true),
             };
         }
-        Claim::granted(Granted {
+        Verdict::granted(Granted {
             mark_ms: self.floor_ms.unwrap_or(0).max(0) as u64,
             reserved_until_ms: self.reserved_until_ms.unwrap_or(0).max(0) as u64,
             expires_at,
@@ -121,15 +121,15 @@ impl ClaimRow {
     }
 }
 
-impl Claim {
+impl Verdict {
     /// A grant, unless its mark lies beyond the last millisecond ids can hold.
-    pub fn granted(granted: Granted) -> Claim {
+    pub fn granted(granted: Granted) -> Verdict {
         if granted.mark_ms > layout::MAX_MILLIS + 1 {
-            return Claim::MarkBeyondLayout {
+            return Verdict::MarkBeyondLayout {
                 high_water_ms: granted.mark_ms,
             };
         }
-        Claim::Granted(granted)
+        Verdict::Granted(granted)
     }
 }
 
@@ -138,7 +138,7 @@ impl Claim {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     pub worker_id: Option<u16>,
-    pub claim: Claim,
+    pub verdict: Verdict,
 }
 
 /// Where the ids of a grant start, above every id issued before under its worker id; `None` leaves
@@ -230,8 +230,8 @@ mod tests {
     #[test]
     fn registry_rows_become_claims() {
         assert_eq!(
-            granted_row(Some(500), false).claim(),
-            Claim::Granted(Granted {
+            granted_row(Some(500), false).verdict(),
+            Verdict::Granted(Granted {
                 mark_ms: 500,
                 reserved_until_ms: 30_500,
                 expires_at: 9,
@@ -245,8 +245,8 @@ mod tests {
             ..granted_row(Some(30_000), true)
         };
         assert_eq!(
-            renewal.claim(),
-            Claim::Granted(Granted {
+            renewal.verdict(),
+            Verdict::Granted(Granted {
                 mark_ms: 30_000,
                 reserved_until_ms: 30_500,
                 expires_at: 9,
@@ -262,8 +262,8 @@ mod tests {
             ..ClaimRow::default()
         };
         assert_eq!(
-            refused.claim(),
-            Claim::HeldByOther {
+            refused.verdict(),
+            Verdict::HeldByOther {
                 holder: "b:5433".into(),
                 expires_at: 9,
                 released: false
@@ -276,7 +276,7 @@ mod tests {
             released: Some(false),
             ..ClaimRow::default()
         };
-        assert_eq!(unsettled.claim(), Claim::Unsettled { until: 9 });
+        assert_eq!(unsettled.verdict(), Verdict::Unsettled { until: 9 });
         let released = ClaimRow {
             granted: Some(false),
             holder_name: Some("b:5433".into()),
@@ -284,8 +284,8 @@ mod tests {
             ..ClaimRow::default()
         };
         assert_eq!(
-            released.claim(),
-            Claim::HeldByOther {
+            released.verdict(),
+            Verdict::HeldByOther {
                 holder: "b:5433".into(),
                 expires_at: 0,
                 released: true
@@ -340,18 +340,18 @@ mod tests {
     fn a_mark_beyond_the_layout_is_refused_not_wrapped() {
         let last_ms = layout::MAX_MILLIS as i64;
         assert!(matches!(
-            granted_row(Some(last_ms + 1), false).claim(),
-            Claim::Granted(Granted { mark_ms, .. }) if mark_ms == layout::MAX_MILLIS + 1
+            granted_row(Some(last_ms + 1), false).verdict(),
+            Verdict::Granted(Granted { mark_ms, .. }) if mark_ms == layout::MAX_MILLIS + 1
         ));
         assert_eq!(
-            granted_row(Some(last_ms + 2), false).claim(),
-            Claim::MarkBeyondLayout {
+            granted_row(Some(last_ms + 2), false).verdict(),
+            Verdict::MarkBeyondLayout {
                 high_water_ms: layout::MAX_MILLIS + 2
             }
         );
         assert_eq!(
-            granted_row(Some(i64::MAX), true).claim(),
-            Claim::MarkBeyondLayout {
+            granted_row(Some(i64::MAX), true).verdict(),
+            Verdict::MarkBeyondLayout {
                 high_water_ms: i64::MAX as u64
             }
         );

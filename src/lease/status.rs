@@ -89,7 +89,7 @@ pub struct Status {
     /// lease has not run out or a copy of it (a cloned machine) that renews it.
     pub own_name: bool,
     /// The registry may have lost the lease of the server that holds the worker id, and grants it
-    /// to no new holder before `expires_at` (see `Claim::Unsettled`).
+    /// to no new holder before `expires_at` (see `Verdict::Unsettled`).
     pub unsettled: bool,
     /// A random number drawn when the server's shared memory was set up: with the server's name it
     /// tells this run of the server from an earlier one and from a copy.

@@ -26,7 +26,7 @@ use super::calls::{delete, int, put, Etcd};
 use super::gateway::{is_lease_taken, is_not_found};
 pub use super::keys::{lease_id, Held, Holder, Request};
 use super::keys::{new_mark, plan, KeysRead, Plan, WORKER_IDS};
-use crate::lease::{Answer, Claim, Granted};
+use crate::lease::{Answer, Granted, Verdict};
 use crate::registry::Failure;
 use serde_json::json;
 use std::ops::ControlFlow;
@@ -127,7 +127,7 @@ impl Etcd {
                         None => {
                             return Ok(Answer {
                                 worker_id: None,
-                                claim: Claim::HeldByOther {
+                                verdict: Verdict::HeldByOther {
                                     holder: "other servers (all 1024 worker ids are leased)".into(),
                                     expires_at: 0,
                                     released: false,
@@ -141,15 +141,15 @@ impl Etcd {
                 // Its keys are this server's now, a spent worker id's too.
                 Some(answer)
                     if matches!(
-                        answer.claim,
-                        Claim::Granted(_) | Claim::MarkBeyondLayout { .. }
+                        answer.verdict,
+                        Verdict::Granted(_) | Verdict::MarkBeyondLayout { .. }
                     ) || own.is_some() =>
                 {
                     return Ok(answer)
                 }
                 // Its keys are gone, not its holder: pick the next.
                 Some(Answer {
-                    claim: Claim::Unsettled { .. },
+                    verdict: Verdict::Unsettled { .. },
                     ..
                 }) => leased.push(worker_id),
                 // Another server took it meanwhile: pick again.
@@ -418,7 +418,7 @@ fn granted_answer(
 ) -> Answer {
     Answer {
         worker_id: Some(worker_id),
-        claim: Claim::granted(Granted {
+        verdict: Verdict::granted(Granted {
             mark_ms: granted.floor_ms,
             reserved_until_ms: new_mark_ms,
             expires_at: registry_ms.saturating_add(granted.ttl_s.saturating_mul(1000)),
@@ -441,13 +441,13 @@ fn refused_answer(
     let expires_at = registry_ms.saturating_add(left_s.saturating_mul(1000));
     Answer {
         worker_id: Some(worker_id),
-        claim: match holder_name {
-            Some(holder) => Claim::HeldByOther {
+        verdict: match holder_name {
+            Some(holder) => Verdict::HeldByOther {
                 holder,
                 expires_at,
                 released: false,
             },
-            None => Claim::Unsettled { until: expires_at },
+            None => Verdict::Unsettled { until: expires_at },
         },
     }
 }

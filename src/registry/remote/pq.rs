@@ -109,7 +109,7 @@ pub fn parse(conninfo: &str) -> Option<Vec<(String, String)>> {
         let mut option = options;
         while !(*option).keyword.is_null() {
             if !(*option).val.is_null() {
-                set.push((text((*option).keyword), text((*option).val)));
+                set.push((string_of((*option).keyword), string_of((*option).val)));
             }
             option = option.add(1);
         }
@@ -324,7 +324,7 @@ impl Connection {
 
     fn error_message(&self) -> String {
         // SAFETY: libpq's message buffer of the live connection, read before any other call.
-        let message = unsafe { text(PQerrorMessage(self.conn.as_ptr())) };
+        let message = unsafe { string_of(PQerrorMessage(self.conn.as_ptr())) };
         message.split_whitespace().collect::<Vec<_>>().join(" ")
     }
 }
@@ -350,7 +350,7 @@ extern "C" fn note_warning(cell: *mut c_void, result: *const PGresult) {
         cell.replace(Some(if message.is_null() {
             "WARNING".into()
         } else {
-            text(message)
+            string_of(message)
         }));
     }
 }
@@ -374,7 +374,7 @@ unsafe fn read_result(
                         (0..PQnfields(result))
                             .map(|field| {
                                 (PQgetisnull(result, row, field) == 0)
-                                    .then(|| text(PQgetvalue(result, row, field)))
+                                    .then(|| string_of(PQgetvalue(result, row, field)))
                             })
                             .collect(),
                     );
@@ -385,7 +385,7 @@ unsafe fn read_result(
             _ => {
                 let field = |code| {
                     let value = PQresultErrorField(result, code);
-                    (!value.is_null()).then(|| text(value))
+                    (!value.is_null()).then(|| string_of(value))
                 };
                 Some(
                     match (field(PG_DIAG_SQLSTATE), field(PG_DIAG_MESSAGE_PRIMARY)) {
@@ -402,7 +402,7 @@ unsafe fn read_result(
 ///
 /// # Safety
 /// `pointer` is a NUL-terminated string that stays valid during the call.
-unsafe fn text(pointer: *const c_char) -> String {
+unsafe fn string_of(pointer: *const c_char) -> String {
     CStr::from_ptr(pointer).to_string_lossy().into_owned()
 }
 
