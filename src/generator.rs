@@ -544,6 +544,20 @@ mod tests {
         )
     }
 
+    /// The same, for a grant whose ids start at `floor_ms`.
+    fn granted_above(
+        floor_ms: u64,
+        readings: &[u64],
+    ) -> (IssuingState, ScriptedClock, CountingWaiter) {
+        granted(
+            Grant {
+                floor_ms: Some(floor_ms),
+                ..OPEN
+            },
+            readings,
+        )
+    }
+
     /// A leased state, a clock that reads T until a test scripts more, and a waiter.
     fn leased_at_t() -> (IssuingState, ScriptedClock, CountingWaiter) {
         granted(OPEN, &[T])
@@ -554,6 +568,16 @@ mod tests {
         let (state, clock, waiter) = leased_at_t();
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 0)));
         (state, clock, waiter)
+    }
+
+    /// How many ids one call that wants `wanted` gets.
+    fn many(
+        state: &IssuingState,
+        clock: &ScriptedClock,
+        waiter: &CountingWaiter,
+        wanted: u32,
+    ) -> Result<u32, Refusal> {
+        state.issue(clock, waiter, wanted, 5).map(|run| run.count)
     }
 
     fn one(
@@ -716,13 +740,7 @@ mod tests {
 
     #[test]
     fn a_new_holder_starts_above_the_floor() {
-        let (state, clock, waiter) = granted(
-            Grant {
-                floor_ms: Some(T + 60_000),
-                ..OPEN
-            },
-            &[T],
-        );
+        let (state, clock, waiter) = granted_above(T + 60_000, &[T]);
         assert_eq!(
             one(&state, &clock, &waiter),
             Err(Refusal::BelowFloor { by_ms: 59_999 })
@@ -769,13 +787,7 @@ mod tests {
 
     #[test]
     fn the_status_shows_only_ids_really_issued() {
-        let (state, clock, waiter) = granted(
-            Grant {
-                floor_ms: Some(T + 1_000),
-                ..OPEN
-            },
-            &[T + 1_000],
-        );
+        let (state, clock, waiter) = granted_above(T + 1_000, &[T + 1_000]);
         assert_eq!(state.snapshot().last_id, None, "a floor is not an id");
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1_000, 0)));
         let issued = layout::id_from_stamp(stamp(T + 1_000, 0), 17);
@@ -921,10 +933,7 @@ mod tests {
     #[test]
     fn a_run_never_crosses_into_the_next_millisecond() {
         let (state, clock, waiter) = leased_at_t();
-        assert_eq!(
-            state.issue(&clock, &waiter, 4090, 5).map(|run| run.count),
-            Ok(4090)
-        );
+        assert_eq!(many(&state, &clock, &waiter, 4090), Ok(4090));
         assert_eq!(
             state.issue(&clock, &waiter, 10, 5),
             Ok(StampRun {
@@ -1009,24 +1018,16 @@ mod tests {
     #[test]
     fn zero_tolerance_refuses_any_step_back() {
         let (state, clock, waiter) = leased_at_t();
-        assert_eq!(
-            state.issue(&clock, &waiter, 1, 0).map(|run| run.first),
-            Ok(stamp(T, 0))
-        );
+        let with_no_tolerance = || state.issue(&clock, &waiter, 1, 0).map(|run| run.first);
+        assert_eq!(with_no_tolerance(), Ok(stamp(T, 0)));
         clock.then(&[T - 1]);
-        assert_eq!(
-            state.issue(&clock, &waiter, 1, 0),
-            Err(Refusal::ClockBehind { by_ms: 1 })
-        );
+        assert_eq!(with_no_tolerance(), Err(Refusal::ClockBehind { by_ms: 1 }));
     }
 
     #[test]
     fn a_stuck_clock_is_refused_not_spun_on_forever() {
         let (state, clock, waiter) = leased_at_t();
-        assert_eq!(
-            state.issue(&clock, &waiter, 4096, 5).map(|run| run.count),
-            Ok(4096)
-        );
+        assert_eq!(many(&state, &clock, &waiter, 4096), Ok(4096));
         // The monotonic clock moves 100 µs a look: each wait lasts its limit, 15 ms, and no more.
         assert_eq!(
             one(&state, &clock, &waiter),

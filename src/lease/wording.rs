@@ -220,25 +220,24 @@ mod tests {
         status.state = State::RegistryUnreachable;
         status.unreachable_since = 1_795_953_600_000;
         status.last_error = Text::new("connection refused");
-        assert_eq!(
-            refusal_reason(&status, Some(7), 0),
-            "the lease registry has been unreachable since 2026-11-29 12:00:00.000 UTC, and the lease on worker id 7 has run out: connection refused"
-        );
-        assert_eq!(
-            refusal_hint(&status, Some(7)),
-            "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."
-        );
+        // The reason and the hint, at `now_ns` on the monotonic clock.
+        let reason_and_hint = |status: &Status, now_ns| {
+            [
+                refusal_reason(status, Some(7), now_ns),
+                refusal_hint(status, Some(7)),
+            ]
+        };
+        assert_eq!(reason_and_hint(&status, 0), [
+            "the lease registry has been unreachable since 2026-11-29 12:00:00.000 UTC, and the lease on worker id 7 has run out: connection refused",
+            "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.",
+        ]);
         status.state = State::Held;
         status.renewed_ns = 7_000_000_000;
         status.last_error = Text::default();
-        assert_eq!(
-            refusal_reason(&status, Some(7), 9_504_999_999),
-            "the lease on worker id 7 ran out: the lease worker has not renewed it for 2.50 s"
-        );
-        assert_eq!(
-            refusal_hint(&status, Some(7)),
-            "The lease worker is held up (stopped, or starved of CPU or disk); issuing resumes by itself once it renews the lease. The server log says more."
-        );
+        assert_eq!(reason_and_hint(&status, 9_504_999_999), [
+            "the lease on worker id 7 ran out: the lease worker has not renewed it for 2.50 s",
+            "The lease worker is held up (stopped, or starved of CPU or disk); issuing resumes by itself once it renews the lease. The server log says more.",
+        ]);
         assert_eq!(
             bound_reason(&status, Some(7)),
             "the clock has passed the time reserved for the ids of worker id 7, and issuing resumes at the lease's next renewal"
@@ -286,37 +285,34 @@ mod tests {
         }
     }
 
-    fn assert_refusal(status: &Status, reason: &str, hint: &str) {
-        assert_eq!(refusal_reason(status, Some(5), 0), reason);
-        assert_eq!(refusal_hint(status, Some(5)), hint);
+    /// The reason and the hint a refusal gives a server that names worker id 5.
+    fn reason_and_hint(status: &Status) -> [String; 2] {
+        [
+            refusal_reason(status, Some(5), 0),
+            refusal_hint(status, Some(5)),
+        ]
     }
 
     #[test]
     fn a_lease_held_under_this_servers_own_name_says_it_may_be_a_copy() {
-        let status = Status {
-            own_name: true,
-            ..held_by_other("pg@node1:5432")
-        };
-        assert_refusal(
-            &status,
+        let mut status = held_by_other("pg@node1:5432");
+        status.own_name = true;
+        assert_eq!(reason_and_hint(&status), [
             "worker id 5 is leased until 2026-11-29 12:00:00.123 UTC under this server's own name, pg@node1:5432, by another run: an earlier run of this server, or a copy of it (a cloned machine or disk) that renews the lease",
             "An earlier run's lease runs out by itself, and issuing resumes then. If it is renewed past that time, a copy of this server runs beside it: give one of the two another snowid.worker_id and restart it.",
-        );
+        ]);
         assert_eq!(refusal_detail(&status), None);
     }
 
     #[test]
     fn a_registry_that_may_have_lost_a_lease_says_until_when_it_grants_none() {
-        let status = Status {
-            unsettled: true,
-            ..held_by_other("")
-        };
+        let mut status = held_by_other("");
+        status.unsettled = true;
         let reason = "is not granted before 2026-11-29 12:00:00.123 UTC: the registry may have lost the lease of a server that holds it (it was restarted, restored or rewritten), and grants it to no new holder until every lease it may have lost has run out";
-        assert_refusal(
-            &status,
-            &format!("worker id 5 {reason}"),
+        assert_eq!(reason_and_hint(&status), [
+            format!("worker id 5 {reason}").as_str(),
             "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.",
-        );
+        ]);
         // Also to a server that leases any free worker id.
         assert_eq!(
             refusal_reason(&status, None, 0),
@@ -326,24 +322,26 @@ mod tests {
 
     #[test]
     fn a_row_that_needs_a_handover_says_how() {
-        let status = Status {
-            handover_needed: true,
-            ..held_by_other("node1:5433")
-        };
+        let mut status = held_by_other("node1:5433");
+        status.handover_needed = true;
         let hint = "Give this server another snowid.worker_id and restart it, or, once node1:5433 is stopped for good, run SELECT snowid_handover(5) on this server.";
-        assert_refusal(
-            &status,
-            "worker id 5 is held by node1:5433, another server that has not released it",
-            hint,
+        assert_eq!(
+            reason_and_hint(&status),
+            [
+                "worker id 5 is held by node1:5433, another server that has not released it",
+                hint
+            ]
         );
         let released = Status {
             released: true,
             ..status
         };
-        assert_refusal(
-            &released,
-            "worker id 5 was released by node1:5433, and this server may be a copy of it",
-            hint,
+        assert_eq!(
+            reason_and_hint(&released),
+            [
+                "worker id 5 was released by node1:5433, and this server may be a copy of it",
+                hint
+            ]
         );
     }
 }
