@@ -26,6 +26,20 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// One `#[test]` per case, each running the function `scenario` with its case's argument:
+/// `scenario_tests! { scenario: test_name: argument, … }`.
+#[macro_export]
+macro_rules! scenario_tests {
+    ($scenario:ident: $($name:ident: $argument:expr),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $scenario($argument);
+            }
+        )*
+    };
+}
+
 /// The library preloaded into a server whose wall clock the tests move (`fake_clock.c`, built by
 /// `build.rs`).
 const FAKE_CLOCK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fake_clock.so"));
@@ -266,13 +280,7 @@ impl Cluster {
             .arg(self.bindir.join("pg_ctl"))
             .output()
             .unwrap();
-        assert!(
-            output.status.success(),
-            "starting a copy at the same place failed: {}{}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr),
-            copy.log()
-        );
+        copy.assert_ran(&output, "starting a copy at the same place");
         copy
     }
 
@@ -466,9 +474,8 @@ impl Cluster {
             .unwrap();
         assert!(
             output.status.success(),
-            "{program} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
+            "{program} failed: {}",
+            printed(&output)
         );
     }
 
@@ -598,6 +605,16 @@ impl Cluster {
 
     pub fn connect_to(&self, database: &str) -> Client {
         self.connect_with(&format!("user=postgres dbname={database}"))
+    }
+
+    /// A session to the database `postgres` whose `application_name` is `name`, which finds it in
+    /// `pg_stat_activity`.
+    pub fn connect_named(&self, name: &str) -> Client {
+        let mut client = self.connect();
+        client
+            .batch_execute(&format!("SET application_name = '{name}'"))
+            .unwrap();
+        client
     }
 
     /// A session of `role`, without a password, to the database `postgres`.
@@ -802,14 +819,19 @@ impl Cluster {
             .postgres_command(program_and_args, env)
             .output()
             .unwrap();
+        self.assert_ran(&output, format_args!("{program_and_args:?}"));
+        output
+    }
+
+    /// Fails the test unless the program `what` that gave `output` succeeded, with what it printed
+    /// and this server's log.
+    fn assert_ran(&self, output: &Output, what: impl std::fmt::Display) {
         assert!(
             output.status.success(),
-            "{program_and_args:?} failed: {}{}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr),
+            "{what} failed: {}\n{}",
+            printed(output),
             self.log()
         );
-        output
     }
 
     /// Like [`Cluster::as_postgres`], its output when the program succeeds.
@@ -927,11 +949,20 @@ pub fn yield_the_cpu() {
 /// Runs a command as the tests' user, failing the test if it fails.
 fn run(program: &str, args: &[&str]) {
     let output = Command::new(program).args(args).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_success(&output, format_args!("{program} {args:?} failed: "));
+}
+
+/// Fails the test unless the program that gave `output` succeeded: the message is `failed`, then
+/// what the program wrote to its standard error.
+pub fn assert_success(output: &Output, failed: impl std::fmt::Display) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{failed}{stderr}");
+}
+
+/// What a program wrote to its standard output, then to its standard error.
+fn printed(output: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    format!("{stdout}{}", String::from_utf8_lossy(&output.stderr))
 }
 
 impl Drop for Cluster {
@@ -1286,6 +1317,15 @@ impl Drop for RaiseOnDrop<'_> {
 
 /// Calls `snowid_next()` on each of `nodes` every 10 ms while `during` runs; returns the calls.
 pub fn calls_during<T>(nodes: &[&Node], during: impl FnOnce(Instant) -> T) -> (Vec<Vec<Call>>, T) {
+    calls_every(Duration::from_millis(10), nodes, during)
+}
+
+/// Like [`calls_during`], with `pause` between one node's calls.
+pub fn calls_every<T>(
+    pause: Duration,
+    nodes: &[&Node],
+    during: impl FnOnce(Instant) -> T,
+) -> (Vec<Vec<Call>>, T) {
     let done = AtomicBool::new(false);
     let started = Instant::now();
     std::thread::scope(|scope| {
@@ -1302,7 +1342,7 @@ pub fn calls_during<T>(nodes: &[&Node], during: impl FnOnce(Instant) -> T) -> (V
                             at: started.elapsed(),
                             result,
                         });
-                        std::thread::sleep(Duration::from_millis(10));
+                        std::thread::sleep(pause);
                     }
                     calls
                 })
@@ -1331,6 +1371,107 @@ pub fn distinct_ids<'a>(calls: impl IntoIterator<Item = &'a Call>) -> Vec<i64> {
     let distinct: HashSet<i64> = ids.iter().copied().collect();
     assert_eq!(distinct.len(), ids.len(), "an id was issued twice");
     ids
+}
+
+/// A refusal episode that ended, in `cluster`'s log from `offset` on: its one `warning`, and the one
+/// line saying that issuing resumed after `refused` refused calls.
+pub fn assert_episode_logged(cluster: &Cluster, offset: usize, warning: &str, refused: usize) {
+    let log = &cluster.log()[offset..];
+    assert_eq!(log.matches(warning).count(), 1, "{log}");
+    let resumed = format!("s of refusals: {refused} calls were refused");
+    assert_eq!(log.matches(&resumed).count(), 1, "{log}");
+}
+
+/// The ids among the `results` of calls, in order; fails the test, saying `what`, unless each is
+/// larger than the one before.
+pub fn increasing_ids<'a>(
+    results: impl IntoIterator<Item = &'a Result<i64, String>>,
+    what: &str,
+) -> Vec<i64> {
+    let ids: Vec<i64> = results
+        .into_iter()
+        .filter_map(|result| result.clone().ok())
+        .collect();
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{what}");
+    ids
+}
+
+/// The first column of the one row `sql` returns.
+pub fn query_value<T: postgres::types::FromSqlOwned>(client: &mut Client, sql: &str) -> T {
+    client.query_one(sql, &[]).unwrap().get(0)
+}
+
+/// The first two columns of the one row `sql` returns.
+pub fn query_pair<A: postgres::types::FromSqlOwned, B: postgres::types::FromSqlOwned>(
+    client: &mut Client,
+    sql: &str,
+) -> (A, B) {
+    let row = client.query_one(sql, &[]).unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// `ALTER SYSTEM SET setting`, a reload, and half a second for every process to read it.
+pub fn alter_system_and_reload(client: &mut Client, setting: &str) {
+    client
+        .batch_execute(&format!("ALTER SYSTEM SET {setting}"))
+        .unwrap();
+    client.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+}
+
+/// The [`error_text`] of the error `sql` fails with; fails the test if it succeeds.
+pub fn error_of(client: &mut Client, sql: &str) -> String {
+    error_text(&client.query_one(sql, &[]).unwrap_err())
+}
+
+/// For `watch`, once a second: `renew` (a copy renewing the lease), then `snowid_next()` on `client`'s
+/// server, which must refuse, saying that the lease is not acquired yet until it first refuses
+/// naming the conflict (`names_conflict`), and only naming it after; fails if it never did.
+pub fn watch_conflict_refusals(
+    client: &mut Client,
+    watch: Duration,
+    mut renew: impl FnMut(),
+    names_conflict: impl Fn(&str) -> bool,
+) {
+    let until = Instant::now() + watch;
+    let mut seen_conflict = false;
+    while Instant::now() < until {
+        renew();
+        let refusal = next_id(client).unwrap_err();
+        if names_conflict(&refusal) {
+            seen_conflict = true;
+        } else {
+            assert!(
+                !seen_conflict && refusal.contains("is not acquired yet"),
+                "{refusal}"
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(seen_conflict);
+}
+
+/// Calls `snowid_next()` every `pause` until it issues, for at most `limit`; each refusal on the way
+/// must be `allowed`. Returns the id and the refusals.
+pub fn next_id_once_issuing(
+    client: &mut Client,
+    limit: Duration,
+    pause: Duration,
+    allowed: impl Fn(&str) -> bool,
+) -> (i64, Vec<String>) {
+    let started = Instant::now();
+    let mut refusals = vec![];
+    loop {
+        match next_id(client) {
+            Ok(id) => return (id, refusals),
+            Err(refusal) => {
+                assert!(allowed(&refusal), "{refusal}");
+                assert!(started.elapsed() < limit, "{refusal}");
+                refusals.push(refusal);
+                std::thread::sleep(pause);
+            }
+        }
+    }
 }
 
 /// One `snowid_next()`: the id, or the refusal's text.

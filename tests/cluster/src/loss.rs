@@ -3,7 +3,9 @@
 //! joins right after: every id of every server is collected.
 
 use crate::ids::worker_of;
-use crate::{calls_during, distinct_ids, next_id, wait_for_lease_state, Call, Node};
+use crate::{
+    calls_during, distinct_ids, increasing_ids, next_id, wait_for_lease_state, Call, Node,
+};
 use postgres::Client;
 use std::time::{Duration, Instant};
 
@@ -101,15 +103,8 @@ impl LossRun {
     pub fn assert_unique_and_issuing_again(&self, within: Duration) -> Vec<usize> {
         let mut refused = vec![];
         for ((node, calls), (_, _, worker_id)) in self.nodes.iter().zip(&self.calls).zip(FLEET) {
-            let ids: Vec<i64> = calls
-                .iter()
-                .filter_map(|call| call.result.clone().ok())
-                .collect();
-            assert!(
-                ids.windows(2).all(|pair| pair[0] < pair[1]),
-                "{}'s ids increase",
-                node.name
-            );
+            let results = calls.iter().map(|call| &call.result);
+            let ids = increasing_ids(results, &format!("{}'s ids increase", node.name));
             assert!(
                 ids.iter().all(|&id| worker_of(id) == worker_id),
                 "{} issued under worker id {worker_id} only",

@@ -50,17 +50,7 @@ impl Network {
             hosts: vec![],
         };
         ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"]);
-        ip(&[
-            "-n",
-            &switch,
-            "addr",
-            "add",
-            &format!("{CONTROL_ADDRESS}/24"),
-            "dev",
-            "br0",
-        ]);
-        ip(&["-n", &switch, "link", "set", "br0", "up"]);
-        ip(&["-n", &switch, "link", "set", "lo", "up"]);
+        bring_up(&switch, "br0", CONTROL_ADDRESS);
         let control = network.control_host();
         partition(&control, &[]);
         heal(&control);
@@ -89,17 +79,7 @@ impl Network {
         ip(&["link", "set", &outer, "netns", &self.switch]);
         ip(&["-n", &netns, "link", "set", &inner, "name", "eth0"]);
         let address = format!("10.213.0.{number}");
-        ip(&[
-            "-n",
-            &netns,
-            "addr",
-            "add",
-            &format!("{address}/24"),
-            "dev",
-            "eth0",
-        ]);
-        ip(&["-n", &netns, "link", "set", "eth0", "up"]);
-        ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        bring_up(&netns, "eth0", &address);
         ip(&["-n", &self.switch, "link", "set", &outer, "master", "br0"]);
         ip(&["-n", &self.switch, "link", "set", &outer, "up"]);
         Host { netns, address }
@@ -215,13 +195,18 @@ fn run_directory(pid: impl std::fmt::Display) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("{NAMESPACE_PREFIX}{pid}"))
 }
 
+/// Gives `interface` of the namespace `netns` the address `address` on the hosts' /24, and brings
+/// it and the loopback up.
+fn bring_up(netns: &str, interface: &str, address: &str) {
+    let address = format!("{address}/24");
+    ip(&["-n", netns, "addr", "add", &address, "dev", interface]);
+    ip(&["-n", netns, "link", "set", interface, "up"]);
+    ip(&["-n", netns, "link", "set", "lo", "up"]);
+}
+
 fn ip(args: &[&str]) {
     let output = Command::new("ip").args(args).output().expect("ip runs");
-    assert!(
-        output.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    crate::assert_success(&output, format_args!("ip {args:?}: "));
 }
 
 /// Deletes what earlier runs whose process no longer exists (a run killed outright) left.

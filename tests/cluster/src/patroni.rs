@@ -5,7 +5,7 @@
 
 use crate::etcd::{EtcdCluster, Process};
 use crate::ids::unix_ms;
-use crate::{free_port, host_name, pg_config, wait_every, Cluster};
+use crate::{assert_success, free_port, host_name, pg_config, query_pair, wait_every, Cluster};
 use std::collections::HashMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -366,11 +366,7 @@ pub fn as_postgres(program: &str, args: &[&str]) {
         .args(args)
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_success(&output, format_args!("{program} {args:?}: "));
 }
 
 pub fn chown_tree(path: &Path) {
@@ -670,17 +666,23 @@ impl PatroniCluster {
         }
     }
 
+    /// A connection string that reaches whichever node is the primary.
+    pub fn router_conninfo(&self) -> String {
+        let (one_port, two_port) = (self.one.port, self.two.port);
+        format!(
+            "host=127.0.0.1,127.0.0.1 port={one_port},{two_port} user=postgres dbname=postgres \
+             target_session_attrs=read-write connect_timeout=1"
+        )
+    }
+
     /// The server that node2's status names as the holder of its worker id while it is a
     /// standby (`worker_id_held_by`), and its last error.
     pub fn standby_report(&self) -> (Option<String>, Option<String>) {
         let mut client = postgres::Client::connect(&self.two.conninfo(), postgres::NoTls).unwrap();
-        let row = client
-            .query_one(
-                "SELECT worker_id_held_by, last_error FROM snowid_status()",
-                &[],
-            )
-            .unwrap();
-        (row.get(0), row.get(1))
+        query_pair(
+            &mut client,
+            "SELECT worker_id_held_by, last_error FROM snowid_status()",
+        )
     }
 }
 

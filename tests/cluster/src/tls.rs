@@ -1,6 +1,6 @@
 //! Throwaway certificates made with the `openssl` command line, readable by the servers' user.
 
-use crate::give_to_postgres;
+use crate::{assert_success, give_to_postgres};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,11 +11,7 @@ fn openssl(dir: &Path, args: &[&str]) {
         .current_dir(dir)
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "openssl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_success(&output, format_args!("openssl {args:?} failed: "));
 }
 
 /// The arguments of `openssl req` for a new P-256 key, unencrypted, written to `key`, then `rest`.

@@ -1,6 +1,8 @@
 //! Real clock steps on a running server, made with the tests' fake clock (`fake_clock.c`).
 
-use snowid_cluster_tests::{clock_behind_ms, error_text, Cluster};
+use snowid_cluster_tests::{
+    alter_system_and_reload, clock_behind_ms, error_text, query_pair, Cluster,
+};
 
 /// Issues an id, steps the server's clock by `offset`, issues another: all inside the server, so
 /// no more than microseconds pass between the step and the second id.
@@ -14,13 +16,22 @@ BEGIN
 END $$";
 
 fn counters(client: &mut postgres::Client) -> (i64, i64) {
-    let row = client
-        .query_one(
-            "SELECT clock_backward_waits, clock_backward_refusals FROM snowid_status()",
-            &[],
-        )
-        .unwrap();
-    (row.get(0), row.get(1))
+    query_pair(
+        client,
+        "SELECT clock_backward_waits, clock_backward_refusals FROM snowid_status()",
+    )
+}
+
+/// `step_then_next` with `step`, on the server whose clock offset is in `offset_file`.
+fn step_then_next(
+    client: &mut postgres::Client,
+    offset_file: &str,
+    step: &str,
+) -> Result<postgres::Row, postgres::Error> {
+    client.query_one(
+        "SELECT * FROM step_then_next($1, $2)",
+        &[&offset_file, &step],
+    )
 }
 
 /// A server whose clock the test moves, holding its lease, with `step_then_next` created.
@@ -48,29 +59,17 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
     // A step of nothing first, so that the COPY of the measured step below runs warm: the second id
     // waits only if it comes within the step of the first, and a first COPY in a session can take
     // that long.
-    client
-        .query_one("SELECT * FROM step_then_next($1, '+0')", &[&offset_file])
-        .unwrap();
+    step_then_next(&mut client, &offset_file, "+0").unwrap();
     assert_eq!(counters(&mut client), (0, 0));
     // 150 ms back, within snowid.max_clock_backward (200 ms): waited out. The step is long enough
     // for the COPY to end within it on a loaded machine.
-    let row = client
-        .query_one(
-            "SELECT * FROM step_then_next($1, '-0.150')",
-            &[&offset_file],
-        )
-        .unwrap();
+    let row = step_then_next(&mut client, &offset_file, "-0.150").unwrap();
     let (before, after): (i64, i64) = (row.get(0), row.get(1));
     assert!(after > before);
     assert_eq!(counters(&mut client), (1, 0));
 
     // 10 s further back: refused, counted and logged, and refused again while the clock stays behind.
-    let error = client
-        .query_one(
-            "SELECT * FROM step_then_next($1, '-10.150')",
-            &[&offset_file],
-        )
-        .unwrap_err();
+    let error = step_then_next(&mut client, &offset_file, "-10.150").unwrap_err();
     let text = error_text(&error);
     assert!((9_900..=10_000).contains(&clock_behind_ms(&text)), "{text}");
     let again = client.query_one("SELECT snowid_next()", &[]).unwrap_err();
@@ -99,18 +98,9 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
 #[test]
 fn max_clock_backward_takes_effect_on_reload() {
     let (cluster, mut client) = issuing_with_fake_clock("clock-reload");
-    client
-        .batch_execute("ALTER SYSTEM SET snowid.max_clock_backward = 0")
-        .unwrap();
-    client.batch_execute("SELECT pg_reload_conf()").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    alter_system_and_reload(&mut client, "snowid.max_clock_backward = 0");
     let mut client = cluster.connect();
-    let error = client
-        .query_one(
-            "SELECT * FROM step_then_next($1, '-0.050')",
-            &[&cluster.clock_offset_file()],
-        )
-        .unwrap_err();
+    let error = step_then_next(&mut client, &cluster.clock_offset_file(), "-0.050").unwrap_err();
     assert!(
         error_text(&error).starts_with("55000: snowid refuses to issue ids: the system clock is ")
     );

@@ -9,21 +9,12 @@ const IDS_PER_ROUND: i32 = 50_000;
 #[test]
 fn four_sessions_commit_a_million_ids_without_a_duplicate() {
     yield_the_cpu();
-    let cluster = Cluster::start(
-        "concurrency",
-        &[
-            "shared_preload_libraries = 'snowid'",
-            "snowid.worker_id = 17",
-        ],
-    );
-    let mut setup = cluster.connect();
+    let (cluster, mut setup) = Cluster::start_leased("concurrency", 17, &[], false);
     setup
         .batch_execute(
-            "CREATE EXTENSION snowid;
-             CREATE UNLOGGED TABLE issued (id bigint PRIMARY KEY, session int NOT NULL, n int NOT NULL);",
+            "CREATE UNLOGGED TABLE issued (id bigint PRIMARY KEY, session int NOT NULL, n int NOT NULL)",
         )
         .unwrap();
-    assert_eq!(cluster.wait_for_lease(&mut setup), "held");
     std::thread::scope(|scope| {
         for session in 0..SESSIONS {
             let cluster = &cluster;

@@ -156,11 +156,8 @@ fn a_value_committed_while_the_conversion_waits_for_its_lock_stops_it() {
     .unwrap();
     let refusal = std::thread::scope(|scope| {
         let converter = scope.spawn(|| {
-            let mut client = cluster.connect();
-            client
-                .batch_execute("SET application_name = 'converting'")
-                .unwrap();
-            client
+            cluster
+                .connect_named("converting")
                 .query_one("SELECT snowid_convert_column('orders')", &[])
                 .unwrap_err()
         });

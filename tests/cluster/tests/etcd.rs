@@ -13,8 +13,8 @@ use snowid_cluster_tests::loss::{
 };
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    calls_during, distinct_ids, give_to_postgres, lease_worker_pid, next_id, wait_for,
-    wait_for_lease_state, Node,
+    calls_during, distinct_ids, give_to_postgres, lease_worker_pid, next_id, next_id_once_issuing,
+    wait_for, wait_for_lease_state, watch_conflict_refusals, Node,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -43,6 +43,13 @@ fn node(name: &str, worker_id: Option<u16>, registry: &str, ttl_s: u32) -> Node 
     let state = wait_for_lease_state(&mut client, "held", Duration::from_secs(15));
     assert_eq!(state, "held", "{name}: {:?}", status(&mut client));
     node
+}
+
+/// A three-member etcd cluster and, on it, a node named `name` as [`node`] starts it.
+fn etcd_with_node(name: &str, worker_id: u16, ttl_s: u32) -> (EtcdCluster, Node) {
+    let etcd = EtcdCluster::start(&directory(name), 3, None);
+    let node = node(name, Some(worker_id), &registry(&etcd), ttl_s);
+    (etcd, node)
 }
 
 /// `snowid_status()`: lease_state, worker_id, lease_holder, registry, last_error.
@@ -74,9 +81,7 @@ fn try_mark(etcd: &EtcdCluster, worker_id: u16) -> Option<i64> {
 
 #[test]
 fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
-    let etcd = EtcdCluster::start(&directory("keys"), 3, None);
-    let registry = registry(&etcd);
-    let node = node("keys", Some(5), &registry, 6);
+    let (etcd, node) = etcd_with_node("keys", 5, 6);
     let mut client = node.cluster.connect();
     let (state, worker_id, holder, shown, error) = status(&mut client);
     assert_eq!(
@@ -217,20 +222,12 @@ fn a_second_server_is_refused_naming_the_holder_and_takes_over_above_the_mark_on
     );
     assert_eq!(etcd.get("/snowid/workers/7"), Some(second.holder_name()));
     // Its ids start above the mark, which is above every id of the first server.
-    let started = Instant::now();
-    let first_of_second = loop {
-        match next_id(&mut second_client) {
-            Ok(id) => break id,
-            Err(refusal) => {
-                assert!(
-                    refusal.contains("this server has just taken the lease on worker id 7"),
-                    "{refusal}"
-                );
-                assert!(started.elapsed() < Duration::from_secs(10), "{refusal}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    };
+    let (first_of_second, _) = next_id_once_issuing(
+        &mut second_client,
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        |refusal| refusal.contains("this server has just taken the lease on worker id 7"),
+    );
     assert!(millis_of(first_of_second) >= mark_before);
     assert!(first_of_second > *ids.iter().max().unwrap());
     ids.push(first_of_second);
@@ -727,9 +724,7 @@ fn a_member_that_never_answers_holds_up_neither_claims_nor_the_workers_stop() {
 #[test]
 fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the_lease() {
     const TTL_S: u64 = 6;
-    let etcd = EtcdCluster::start(&directory("shared"), 3, None);
-    let registry = registry(&etcd);
-    let primary = node("shared", Some(9), &registry, TTL_S as u32);
+    let (etcd, primary) = etcd_with_node("shared", 9, TTL_S as u32);
     let mut on_primary = primary.cluster.connect();
     let mut ids: Vec<i64> = (0..20).map(|_| next_id(&mut on_primary).unwrap()).collect();
     // The standby is configured as its primary is: with worker id 9.
@@ -782,18 +777,12 @@ fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the
     drop(on_primary);
     primary.cluster.stop("immediate");
     let stopped = Instant::now();
-    let first = loop {
-        match next_id(&mut on_standby) {
-            Ok(id) => break id,
-            Err(refusal) => {
-                assert!(
-                    stopped.elapsed() < Duration::from_secs(TTL_S + 3),
-                    "{refusal}"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    };
+    let (first, _) = next_id_once_issuing(
+        &mut on_standby,
+        Duration::from_secs(TTL_S + 3),
+        Duration::from_millis(20),
+        |_| true,
+    );
     println!(
         "the promoted standby issued {:?} after its primary, holding the same worker id, crashed",
         stopped.elapsed()
@@ -817,9 +806,7 @@ fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the
 #[test]
 fn a_copy_of_a_node_holding_its_keys_is_named_and_never_taken_from() {
     const TTL_S: u64 = 6;
-    let etcd = EtcdCluster::start(&directory("identity"), 3, None);
-    let registry = registry(&etcd);
-    let original = node("identity", Some(8), &registry, TTL_S as u32);
+    let (etcd, original) = etcd_with_node("identity", 8, TTL_S as u32);
     let mut client = original.cluster.connect();
     let ids: Vec<i64> = (0..20).map(|_| next_id(&mut client).unwrap()).collect();
     let record = etcd.get("/snowid/holders/8").unwrap();
@@ -843,24 +830,17 @@ fn a_copy_of_a_node_holding_its_keys_is_named_and_never_taken_from() {
         " under this server's own name, {name}, by another run: an earlier run of this server, or \
          a copy of it (a cloned machine or disk) that renews the lease"
     );
-    let until = Instant::now() + Duration::from_secs(2 * TTL_S);
-    let mut seen_conflict = false;
-    while Instant::now() < until {
-        etcd.etcdctl(&["lease", "keep-alive", "--once", &lease]);
-        let refusal = next_id(&mut client).unwrap_err();
-        if refusal.starts_with("55000: snowid refuses to issue ids: worker id 8 is leased until ")
-            && refusal.contains(&conflict)
-        {
-            seen_conflict = true;
-        } else {
-            assert!(
-                !seen_conflict && refusal.contains("is not acquired yet"),
-                "{refusal}"
-            );
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    assert!(seen_conflict);
+    watch_conflict_refusals(
+        &mut client,
+        Duration::from_secs(2 * TTL_S),
+        || {
+            etcd.etcdctl(&["lease", "keep-alive", "--once", &lease]);
+        },
+        |refusal| {
+            refusal.starts_with("55000: snowid refuses to issue ids: worker id 8 is leased until ")
+                && refusal.contains(&conflict)
+        },
+    );
     assert_eq!(etcd.get("/snowid/holders/8"), Some(clone_record));
 
     // The clone gone, its etcd lease runs out and the original takes the keys, above the mark.

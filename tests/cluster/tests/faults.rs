@@ -10,8 +10,8 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_text, host_name, lease_worker_pid, new_holder_wait_ms, wait_for, wait_for_lease_state,
-    Cluster, Volume,
+    error_of, error_text, host_name, lease_worker_pid, new_holder_wait_ms, query_value, wait_for,
+    wait_for_lease_state, Cluster, Volume,
 };
 use std::time::{Duration, Instant};
 
@@ -98,6 +98,12 @@ impl Ids {
         self.of(server).into_iter().max().unwrap()
     }
 
+    /// Adds `first`, the first id `server` issued, which must be above every id `before` issued.
+    fn add_first_above(&mut self, server: &str, first: i64, before: &str) {
+        assert!(first > self.max_of(before));
+        self.add(server, first);
+    }
+
     /// No id was issued twice, by one server or by two, and each server's ids increase in the order
     /// it issued them.
     fn assert_unique_and_increasing(&self) {
@@ -125,37 +131,73 @@ fn issue(ids: &mut Ids, server: &str, client: &mut Client, count: usize) {
     }
 }
 
-/// Waits until the copy's lease worker has found the lease held by `holder`; then, for [`WATCH`],
-/// issues on the original, where every call must succeed, and tries the copy, which must refuse
-/// every time with `refusal(holder)`; collects what either issued. Fails if the copy issued.
-fn watch_copy_refuse_beside_original(
-    ids: &mut Ids,
-    (original, original_client): (&str, &mut Client),
-    (copy, copy_client): (&str, &mut Client),
-    holder: &str,
-    refusal: fn(&str) -> String,
-) {
-    wait_held_by(copy_client, holder);
-    let refusal = refusal(holder);
-    let started = Instant::now();
-    let mut copy_issued_after = None;
-    while started.elapsed() < WATCH {
-        issue(ids, original, original_client, 1);
-        match next(copy_client) {
-            Ok(id) => {
-                ids.add(copy, id);
-                copy_issued_after.get_or_insert(started.elapsed());
-            }
-            Err(text) => assert_eq!(text, refusal, "{copy}"),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Issues `count` ids on a server and collects them, then checks every id collected.
+fn issue_and_check(ids: &mut Ids, server: &str, client: &mut Client, count: usize) {
+    issue(ids, server, client, count);
     ids.assert_unique_and_increasing();
-    if let Some(after) = copy_issued_after {
-        panic!(
-            "{copy} issued {} ids beside {original}, the first {after:?} into the watch",
-            ids.of(copy).len()
-        );
+}
+
+/// The server a scenario copies: how its ids are labelled, a session to it, and the name a copy of
+/// it sees holding worker id 5.
+struct Original {
+    label: &'static str,
+    cluster: Cluster,
+    client: Client,
+    holder: String,
+}
+
+impl Original {
+    /// The running server `cluster`, whose `cluster_name` is `name`.
+    fn new(label: &'static str, name: &str, (cluster, client): (Cluster, Client)) -> Original {
+        let holder = holder_name(name, &cluster);
+        Original {
+            label,
+            cluster,
+            client,
+            holder,
+        }
+    }
+
+    /// A server with the shortest lease that has issued 100 ids.
+    fn issuing(ids: &mut Ids, label: &'static str, name: &str) -> Original {
+        let mut original = Original::new(label, name, short_lease_server(name));
+        issue(ids, label, &mut original.client, 100);
+        original
+    }
+
+    /// Waits until the copy's lease worker has found the lease held by this server; then, for
+    /// [`WATCH`], issues here, where every call must succeed, and tries the copy, which must refuse
+    /// every time with `refusal(holder)`; collects what either issued. Fails if the copy issued.
+    fn watch_copy_refuse(
+        &mut self,
+        ids: &mut Ids,
+        copy: &str,
+        copy_client: &mut Client,
+        refusal: fn(&str) -> String,
+    ) {
+        wait_held_by(copy_client, &self.holder);
+        let refusal = refusal(&self.holder);
+        let started = Instant::now();
+        let mut copy_issued_after = None;
+        while started.elapsed() < WATCH {
+            issue(ids, self.label, &mut self.client, 1);
+            match next(copy_client) {
+                Ok(id) => {
+                    ids.add(copy, id);
+                    copy_issued_after.get_or_insert(started.elapsed());
+                }
+                Err(text) => assert_eq!(text, refusal, "{copy}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ids.assert_unique_and_increasing();
+        if let Some(after) = copy_issued_after {
+            panic!(
+                "{copy} issued {} ids beside {}, the first {after:?} into the watch",
+                ids.of(copy).len(),
+                self.label
+            );
+        }
     }
 }
 
@@ -213,6 +255,25 @@ fn is_promotion_refusal(refusal: &str) -> bool {
     refusal == IN_RECOVERY || is_waiting_refusal(refusal)
 }
 
+/// `snowid_handover(5)`: the holder whose lease it released, if any.
+fn hand_over(client: &mut Client) -> Option<String> {
+    client
+        .query_one("SELECT snowid_handover($1)", &[&i32::from(WORKER_ID)])
+        .unwrap()
+        .get(0)
+}
+
+/// Waits until a server that was handed worker id 5 over from `holder` issues; returns as
+/// [`wait_until_issuing`] does.
+fn wait_until_issuing_after_handover(
+    client: &mut Client,
+    holder: &str,
+) -> (Duration, i64, Vec<String>) {
+    wait_until_issuing(client, Duration::from_secs(LEASE_TTL_S + 2), |refusal| {
+        refusal == held_by(holder) || is_waiting_refusal(refusal)
+    })
+}
+
 /// Issues `snowid_next()` on a server until it fails, from another thread, while `fault` happens to
 /// it after half a second; returns the ids issued before the fault.
 fn issue_until(cluster: &Cluster, fault: impl FnOnce()) -> Vec<i64> {
@@ -236,27 +297,15 @@ fn issue_until(cluster: &Cluster, fault: impl FnOnce()) -> Vec<i64> {
 #[test]
 fn a_clone_beside_its_original_never_issues() {
     let mut ids = Ids::default();
-    let (original, mut original_client) = short_lease_server("original");
-    issue(&mut ids, "original", &mut original_client, 100);
-    let clone = original.physical_copy("clone");
-    let mut clone_client = clone.connect();
-    let holder = holder_name("original", &original);
-    watch_copy_refuse_beside_original(
-        &mut ids,
-        ("original", &mut original_client),
-        ("clone", &mut clone_client),
-        &holder,
-        held_by,
-    );
+    let mut original = Original::issuing(&mut ids, "original", "original");
+    let clone = original.cluster.physical_copy("clone");
+    original.watch_copy_refuse(&mut ids, "clone", &mut clone.connect(), held_by);
 }
 
 #[test]
 fn a_clone_at_the_same_host_port_and_path_never_issues() {
     let mut ids = Ids::default();
-    let (original, mut original_client) = short_lease_server("same-place");
-    issue(&mut ids, "original", &mut original_client, 100);
-    let copy = original.copy_at_same_place("same-place-copy");
-    let mut copy_client = copy.connect();
+    let mut original = Original::issuing(&mut ids, "original", "same-place");
     // The copy is where the original is, by everything a server can see of its place.
     let place =
         "SELECT system_identifier, current_setting('port'), current_setting('data_directory'),
@@ -266,23 +315,17 @@ fn a_clone_at_the_same_host_port_and_path_never_issues() {
         let row = client.query_one(place, &[]).unwrap();
         (row.get(0), row.get(1), row.get(2), row.get(3))
     };
-    assert_eq!(place_of(&mut copy_client), place_of(&mut original_client));
-    let holder = holder_name("same-place", &original);
-    watch_copy_refuse_beside_original(
-        &mut ids,
-        ("original", &mut original_client),
-        ("copy", &mut copy_client),
-        &holder,
-        held_by,
-    );
+    let copy = original.cluster.copy_at_same_place("same-place-copy");
+    let mut copy_client = copy.connect();
+    assert_eq!(place_of(&mut copy_client), place_of(&mut original.client));
+    original.watch_copy_refuse(&mut ids, "copy", &mut copy_client, held_by);
 }
 
 #[test]
 fn a_standby_refuses_and_once_promoted_beside_its_live_primary_never_issues() {
     let mut ids = Ids::default();
-    let (primary, mut primary_client) = short_lease_server("live-primary");
-    issue(&mut ids, "primary", &mut primary_client, 100);
-    let standby = primary.standby_of("live-standby");
+    let mut primary = Original::issuing(&mut ids, "primary", "live-primary");
+    let standby = primary.cluster.standby_of("live-standby");
     let mut standby_client = standby.connect();
     for statement in ["SELECT snowid_next()", "SELECT snowid_next_batch(10)"] {
         let refusal = standby_client.query(statement, &[]).unwrap_err();
@@ -297,14 +340,7 @@ fn a_standby_refuses_and_once_promoted_beside_its_live_primary_never_issues() {
     );
 
     standby.promote();
-    let holder = holder_name("live-primary", &primary);
-    watch_copy_refuse_beside_original(
-        &mut ids,
-        ("primary", &mut primary_client),
-        ("promoted", &mut standby_client),
-        &holder,
-        held_by,
-    );
+    primary.watch_copy_refuse(&mut ids, "promoted", &mut standby_client, held_by);
 }
 
 #[test]
@@ -340,10 +376,8 @@ fn a_standby_promoted_after_its_primary_stopped_cleanly_issues_at_once_above_it(
         waited <= Duration::from_secs(2),
         "issued only {waited:?} after the promotion"
     );
-    assert!(first > ids.max_of("primary"));
-    ids.add("promoted", first);
-    issue(&mut ids, "promoted", &mut standby_client, 1_000);
-    ids.assert_unique_and_increasing();
+    ids.add_first_above("promoted", first, "primary");
+    issue_and_check(&mut ids, "promoted", &mut standby_client, 1_000);
 }
 
 #[test]
@@ -361,19 +395,10 @@ fn a_standby_promoted_after_its_primary_crashed_issues_after_the_handover() {
     let holder = holder_name("crashed-primary", &primary);
     wait_held_by(&mut client, &holder);
     assert_eq!(next(&mut client), Err(held_by(&holder)));
-    let released: Option<String> = client
-        .query_one("SELECT snowid_handover($1)", &[&i32::from(WORKER_ID)])
-        .unwrap()
-        .get(0);
-    assert_eq!(released.as_deref(), Some(holder.as_str()));
-    let (waited, first, refusals) = wait_until_issuing(
-        &mut client,
-        Duration::from_secs(LEASE_TTL_S + 2),
-        |refusal| refusal == held_by(&holder) || is_waiting_refusal(refusal),
-    );
+    assert_eq!(hand_over(&mut client).as_deref(), Some(holder.as_str()));
+    let (waited, first, refusals) = wait_until_issuing_after_handover(&mut client, &holder);
     println!("the promoted standby issued {waited:?} after the handover");
-    assert!(first > ids.max_of("primary"));
-    ids.add("promoted", first);
+    ids.add_first_above("promoted", first, "primary");
     // The wait for the clock to pass the primary's ids is logged once, however often it refused.
     let waits_refused = refusals
         .iter()
@@ -386,67 +411,47 @@ fn a_standby_promoted_after_its_primary_crashed_issues_after_the_handover() {
         waits_logged == 1 || waits_logged == 0 && !waits_refused,
         "{waits_logged} WARNINGs for {refusals:?}"
     );
-    issue(&mut ids, "promoted", &mut client, 1_000);
-    ids.assert_unique_and_increasing();
+    issue_and_check(&mut ids, "promoted", &mut client, 1_000);
 }
 
 #[test]
 fn a_clone_issues_after_an_explicit_handover_once_its_original_is_gone() {
     let mut ids = Ids::default();
-    let (original, mut original_client) = short_lease_server("handed-over");
-    let clone = original.physical_copy("handed-over-clone");
+    let mut original = Original::new("original", "handed-over", short_lease_server("handed-over"));
+    let clone = original.cluster.physical_copy("handed-over-clone");
     let mut client = clone.connect();
-    let holder = holder_name("handed-over", &original);
-    wait_held_by(&mut client, &holder);
+    let holder = original.holder.as_str();
+    wait_held_by(&mut client, holder);
 
     // Only superusers hand a lease over, and only for a worker id that exists.
     client
         .batch_execute("CREATE ROLE app LOGIN; SET ROLE app")
         .unwrap();
-    let denied = client
-        .query_one("SELECT snowid_handover(5)", &[])
-        .unwrap_err();
     assert_eq!(
-        error_text(&denied),
+        error_of(&mut client, "SELECT snowid_handover(5)"),
         "42501: permission denied for function snowid_handover"
     );
     client.batch_execute("RESET ROLE").unwrap();
-    let invalid = client
-        .query_one("SELECT snowid_handover(1024)", &[])
-        .unwrap_err();
     assert_eq!(
-        error_text(&invalid),
+        error_of(&mut client, "SELECT snowid_handover(1024)"),
         "22023: worker id must be between 0 and 1023, not 1024"
     );
-    let not_held: Option<String> = client
-        .query_one("SELECT snowid_handover(7)", &[])
-        .unwrap()
-        .get(0);
+    let not_held: Option<String> = query_value(&mut client, "SELECT snowid_handover(7)");
     assert_eq!(not_held, None);
 
     // The original stops for good, cleanly: its release is in its own lease table, not in the
     // clone's, so the clone still refuses.
-    issue(&mut ids, "original", &mut original_client, 1_000);
-    drop(original_client);
-    original.stop("fast");
+    issue(&mut ids, "original", &mut original.client, 1_000);
+    drop(original.client);
+    original.cluster.stop("fast");
     std::thread::sleep(Duration::from_secs(LEASE_TTL_S + 1));
-    assert_eq!(next(&mut client), Err(held_by(&holder)));
+    assert_eq!(next(&mut client), Err(held_by(holder)));
 
-    let released: Option<String> = client
-        .query_one("SELECT snowid_handover($1)", &[&i32::from(WORKER_ID)])
-        .unwrap()
-        .get(0);
-    assert_eq!(released.as_deref(), Some(holder.as_str()));
-    let (waited, first, _) = wait_until_issuing(
-        &mut client,
-        Duration::from_secs(LEASE_TTL_S + 2),
-        |refusal| refusal == held_by(&holder) || is_waiting_refusal(refusal),
-    );
+    assert_eq!(hand_over(&mut client).as_deref(), Some(holder));
+    let (waited, first, _) = wait_until_issuing_after_handover(&mut client, holder);
     println!("the clone issued {waited:?} after the handover");
-    assert!(first > ids.max_of("original"));
-    ids.add("clone", first);
-    issue(&mut ids, "clone", &mut client, 1_000);
-    ids.assert_unique_and_increasing();
+    ids.add_first_above("clone", first, "original");
+    issue_and_check(&mut ids, "clone", &mut client, 1_000);
 }
 
 #[test]
@@ -542,8 +547,7 @@ fn a_statement_timeout_ends_a_clock_wait_at_once() {
     // The clock returns: the same session issues again, above the id before the step.
     cluster.set_clock_offset("+0");
     client.batch_execute("RESET statement_timeout").unwrap();
-    issue(&mut ids, "timeout", &mut client, 100);
-    ids.assert_unique_and_increasing();
+    issue_and_check(&mut ids, "timeout", &mut client, 100);
 }
 
 #[test]
@@ -564,8 +568,7 @@ fn a_server_with_default_settings_issues_within_two_seconds_of_a_restart_after_a
     let stall = accepting.elapsed();
     println!("after a crash, the restarted server issued {stall:?} after it accepted connections");
     assert!(stall <= Duration::from_secs(2), "stalled {stall:?}");
-    assert!(first > ids.max_of("crashed"));
-    ids.add("crashed", first);
+    ids.add_first_above("crashed", first, "crashed");
     issue(&mut ids, "crashed", &mut client, 1_000);
     drop(client);
     // A clean stop releases the lease, lowering its mark to the last id: no wait beyond the restart.
@@ -579,8 +582,7 @@ fn a_server_with_default_settings_issues_within_two_seconds_of_a_restart_after_a
         "after a clean stop, the restarted server issued {stall:?} after it accepted connections"
     );
     assert!(stall <= Duration::from_secs(2), "stalled {stall:?}");
-    assert!(first > ids.max_of("crashed"));
-    ids.add("crashed", first);
+    ids.add_first_above("crashed", first, "crashed");
     ids.assert_unique_and_increasing();
 }
 
@@ -595,20 +597,23 @@ fn a_point_in_time_restore_refuses_beside_its_original_and_issues_above_it_once_
         .status()
         .unwrap()
         .success());
-    let (original, mut original_client) = server(
+    let settings = [
+        &format!("snowid.lease_ttl = {LEASE_TTL_S}"),
+        "archive_mode = on",
+        &snowid_cluster_tests::archive_command(&archive),
+    ];
+    let mut original = Original::new(
         "pitr-original",
-        &[
-            &format!("snowid.lease_ttl = {LEASE_TTL_S}"),
-            "archive_mode = on",
-            &snowid_cluster_tests::archive_command(&archive),
-        ],
+        "pitr-original",
+        server("pitr-original", &settings),
     );
-    original_client
+    original
+        .client
         .batch_execute(
             "CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text)",
         )
         .unwrap();
-    let backup = original.backup("pitr-restored");
+    let backup = original.cluster.backup("pitr-restored");
     let insert = |client: &mut Client, item: &str, ids: &mut Ids| {
         let rows = client
             .query(
@@ -620,14 +625,15 @@ fn a_point_in_time_restore_refuses_beside_its_original_and_issues_above_it_once_
             ids.add("pitr-original", row.get(0));
         }
     };
-    insert(&mut original_client, "before the target", &mut ids);
-    let target: String = original_client
+    insert(&mut original.client, "before the target", &mut ids);
+    let target: String = original
+        .client
         .query_one("SELECT clock_timestamp()::text", &[])
         .unwrap()
         .get(0);
     std::thread::sleep(Duration::from_millis(50));
-    insert(&mut original_client, "after the target", &mut ids);
-    original.archive_current_wal(&archive);
+    insert(&mut original.client, "after the target", &mut ids);
+    original.cluster.archive_current_wal(&archive);
     backup.recover_to(&archive, &target, &["cluster_name = 'pitr-restored'"]);
     let mut restored = backup.connect();
     let items: Vec<(String, i64)> = restored
@@ -638,29 +644,13 @@ fn a_point_in_time_restore_refuses_beside_its_original_and_issues_above_it_once_
         .collect();
     assert_eq!(items, [("before the target".to_string(), 500)]);
 
-    let holder = holder_name("pitr-original", &original);
-    watch_copy_refuse_beside_original(
-        &mut ids,
-        ("pitr-original", &mut original_client),
-        ("pitr-restored", &mut restored),
-        &holder,
-        held_by,
-    );
-    original.stop("immediate");
-    let released: Option<String> = restored
-        .query_one("SELECT snowid_handover($1)", &[&i32::from(WORKER_ID)])
-        .unwrap()
-        .get(0);
-    assert_eq!(released.as_deref(), Some(holder.as_str()));
-    let (_, first, _) = wait_until_issuing(
-        &mut restored,
-        Duration::from_secs(LEASE_TTL_S + 2),
-        |refusal| refusal == held_by(&holder) || is_waiting_refusal(refusal),
-    );
-    assert!(first > ids.max_of("pitr-original"));
-    ids.add("pitr-restored", first);
-    issue(&mut ids, "pitr-restored", &mut restored, 100);
-    ids.assert_unique_and_increasing();
+    original.watch_copy_refuse(&mut ids, "pitr-restored", &mut restored, held_by);
+    original.cluster.stop("immediate");
+    let holder = original.holder.as_str();
+    assert_eq!(hand_over(&mut restored).as_deref(), Some(holder));
+    let (_, first, _) = wait_until_issuing_after_handover(&mut restored, holder);
+    ids.add_first_above("pitr-restored", first, "pitr-original");
+    issue_and_check(&mut ids, "pitr-restored", &mut restored, 100);
     std::fs::remove_dir_all(&archive).unwrap();
 }
 
@@ -679,20 +669,13 @@ fn pg_upgrade_keeps_the_lease_table_and_the_upgraded_server_issues_above_the_old
     let upgraded = old.upgraded("upgrade-new");
     let mut client = upgraded.connect();
     assert_eq!(upgraded.wait_for_lease(&mut client), "held");
-    let kept: i64 = client
-        .query_one("SELECT count(*) FROM orders", &[])
-        .unwrap()
-        .get(0);
+    let kept: i64 = query_value(&mut client, "SELECT count(*) FROM orders");
     assert_eq!(kept, 100);
     let (_, first, _) = wait_until_issuing(&mut client, Duration::from_secs(2), is_waiting_refusal);
-    let old_max: i64 = client
-        .query_one("SELECT max(id) FROM orders", &[])
-        .unwrap()
-        .get(0);
+    let old_max: i64 = query_value(&mut client, "SELECT max(id) FROM orders");
     assert!(first > old_max && first > ids.max_of("upgrade-old"));
     ids.add("upgrade-new", first);
-    issue(&mut ids, "upgrade-new", &mut client, 100);
-    ids.assert_unique_and_increasing();
+    issue_and_check(&mut ids, "upgrade-new", &mut client, 100);
 }
 
 /// The rows of a lease table, for comparing two of them.
@@ -715,9 +698,9 @@ fn pg_dump_and_pg_restore_keep_the_ids_of_a_database_and_the_leases_of_a_registr
     std::fs::create_dir_all(&dumps).unwrap();
 
     // An application database moves to another server, which issues under its own worker id.
-    let (old, mut old_client) = short_lease_server("dump-old");
-    old_client.batch_execute("CREATE DATABASE shop").unwrap();
-    let mut shop = old.connect_to("shop");
+    let mut old = Original::new("dump-old", "dump-old", short_lease_server("dump-old"));
+    old.client.batch_execute("CREATE DATABASE shop").unwrap();
+    let mut shop = old.cluster.connect_to("shop");
     shop.batch_execute(
         "CREATE EXTENSION snowid;
          CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(), item text);
@@ -733,7 +716,7 @@ fn pg_dump_and_pg_restore_keep_the_ids_of_a_database_and_the_leases_of_a_registr
             .collect()
     };
     let old_ids = order_ids(&mut shop);
-    old.dump("shop", &dumps.join("shop.dump"));
+    old.cluster.dump("shop", &dumps.join("shop.dump"));
     let new = Cluster::start(
         "dump-new",
         &[
@@ -765,8 +748,8 @@ fn pg_dump_and_pg_restore_keep_the_ids_of_a_database_and_the_leases_of_a_registr
     // The registry database moves to a successor while the old server runs: the rows come along,
     // so the successor, configured with the same worker id, refuses until the old server is gone
     // and the worker id handed over, then issues above every id of the old server.
-    old.dump("postgres", &dumps.join("registry.dump"));
-    issue(&mut ids, "dump-old", &mut old_client, 100);
+    old.cluster.dump("postgres", &dumps.join("registry.dump"));
+    issue(&mut ids, "dump-old", &mut old.client, 100);
     let successor = Cluster::start(
         "dump-successor",
         &[
@@ -777,7 +760,7 @@ fn pg_dump_and_pg_restore_keep_the_ids_of_a_database_and_the_leases_of_a_registr
     );
     successor.restore("postgres", &dumps.join("registry.dump"));
     let mut client = successor.connect();
-    let dumped = lease_rows(&mut old_client);
+    let dumped = lease_rows(&mut old.client);
     let kept = lease_rows(&mut client);
     assert_eq!(
         kept.iter()
@@ -789,26 +772,12 @@ fn pg_dump_and_pg_restore_keep_the_ids_of_a_database_and_the_leases_of_a_registr
             .collect::<Vec<_>>()
     );
     assert!(kept[0].3 > 0 && kept[0].3 <= dumped[0].3);
-    let holder = holder_name("dump-old", &old);
-    watch_copy_refuse_beside_original(
-        &mut ids,
-        ("dump-old", &mut old_client),
-        ("dump-successor", &mut client),
-        &holder,
-        held_by,
-    );
-    drop((old_client, shop));
-    old.stop("fast");
-    client
-        .query_one("SELECT snowid_handover($1)", &[&i32::from(WORKER_ID)])
-        .unwrap();
-    let (_, first, _) = wait_until_issuing(
-        &mut client,
-        Duration::from_secs(LEASE_TTL_S + 2),
-        |refusal| refusal == held_by(&holder) || is_waiting_refusal(refusal),
-    );
-    assert!(first > ids.max_of("dump-old"));
-    ids.add("dump-successor", first);
+    old.watch_copy_refuse(&mut ids, "dump-successor", &mut client, held_by);
+    drop((old.client, shop));
+    old.cluster.stop("fast");
+    hand_over(&mut client);
+    let (_, first, _) = wait_until_issuing_after_handover(&mut client, &old.holder);
+    ids.add_first_above("dump-successor", first, "dump-old");
     ids.assert_unique_and_increasing();
     std::fs::remove_dir_all(&dumps).unwrap();
 }
@@ -874,24 +843,17 @@ fn a_missing_lease_database_is_named_and_its_failed_connection_logged_once() {
 #[test]
 fn a_cold_copy_of_a_cleanly_stopped_server_refuses_beside_it() {
     let mut ids = Ids::default();
-    let (original, mut client) = short_lease_server("cold-original");
-    issue(&mut ids, "cold-original", &mut client, 100);
-    drop(client);
-    original.stop("fast");
+    let mut original = Original::issuing(&mut ids, "cold-original", "cold-original");
+    original.cluster.stop("fast");
     // Copied while stopped, so the copy's lease table shows worker id 5 released by the original.
-    let copy = original.cold_copy("cold-copy");
-    original.start_again();
-    let mut original_client = original.connect();
-    assert_eq!(original.wait_for_lease(&mut original_client), "held");
-    let mut copy_client = copy.connect();
-    let holder = holder_name("cold-original", &original);
-    watch_copy_refuse_beside_original(
-        &mut ids,
-        ("cold-original", &mut original_client),
-        ("cold-copy", &mut copy_client),
-        &holder,
-        released_by,
+    let copy = original.cluster.cold_copy("cold-copy");
+    original.cluster.start_again();
+    original.client = original.cluster.connect();
+    assert_eq!(
+        original.cluster.wait_for_lease(&mut original.client),
+        "held"
     );
+    original.watch_copy_refuse(&mut ids, "cold-copy", &mut copy.connect(), released_by);
 }
 
 #[test]
@@ -949,7 +911,7 @@ fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
 fn a_block_level_snapshot_mounted_beside_its_original_never_issues() {
     let mut ids = Ids::default();
     let volume = Volume::new("original");
-    let original = Cluster::start_on(
+    let cluster = Cluster::start_on(
         &volume,
         "snap-original",
         &[
@@ -959,22 +921,19 @@ fn a_block_level_snapshot_mounted_beside_its_original_never_issues() {
             &format!("snowid.lease_ttl = {LEASE_TTL_S}"),
         ],
     );
-    let mut original_client = original.connect();
-    original_client
+    let client = cluster.connect();
+    let mut original = Original::new("snap-original", "snap-original", (cluster, client));
+    original
+        .client
         .batch_execute("CREATE EXTENSION snowid")
         .unwrap();
-    assert_eq!(original.wait_for_lease(&mut original_client), "held");
-    issue(&mut ids, "snap-original", &mut original_client, 100);
+    assert_eq!(
+        original.cluster.wait_for_lease(&mut original.client),
+        "held"
+    );
+    issue(&mut ids, "snap-original", &mut original.client, 100);
     // The snapshot keeps the data directory's inode number and birth time; only the device differs.
     let snapshot_volume = volume.snapshot("snapshot");
-    let snapshot = original.start_from_snapshot(&snapshot_volume);
-    let mut snapshot_client = snapshot.connect();
-    let holder = holder_name("snap-original", &original);
-    watch_copy_refuse_beside_original(
-        &mut ids,
-        ("snap-original", &mut original_client),
-        ("snapshot", &mut snapshot_client),
-        &holder,
-        held_by,
-    );
+    let snapshot = original.cluster.start_from_snapshot(&snapshot_volume);
+    original.watch_copy_refuse(&mut ids, "snapshot", &mut snapshot.connect(), held_by);
 }

@@ -24,17 +24,18 @@
 //!   answering, each one's failure is named; a registry that stops answering delays a holder's
 //!   fast shutdown, which tries to release the lease, by at most a second.
 
+use postgres::types::ToSql;
 use postgres::Client;
 use snowid_cluster_tests::ids::unix_ms;
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    error_text, give_to_postgres, signal_all, wait_for, wait_for_lease_state, Cluster, Node,
+    calls_every, error_text, give_to_postgres, query_value, signal_all, wait_for,
+    wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node,
 };
 use std::collections::HashSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The registry roles' password; spaces and all, it must reach libpq intact.
@@ -84,6 +85,18 @@ fn denial<T: std::fmt::Debug>(result: Result<T, postgres::Error>) -> String {
         .as_db_error()
         .unwrap_or_else(|| panic!("not a server error: {error}"));
     format!("{}: {}", db.code().code(), db.message())
+}
+
+/// A node's calls, split into its ids and its refusals, each in order.
+fn ids_and_refusals(calls: Vec<Call>) -> (Vec<i64>, Vec<String>) {
+    let (mut ids, mut refusals) = (vec![], vec![]);
+    for call in calls {
+        match call.result {
+            Ok(id) => ids.push(id),
+            Err(refusal) => refusals.push(refusal),
+        }
+    }
+    (ids, refusals)
 }
 
 /// A node's `snowid_status()`: lease_state, worker_id, last_error.
@@ -337,12 +350,10 @@ fn the_registry_password_shows_in_no_status_log_or_setting_from_a_password_file(
     );
 
     for node in [&in_file, &in_setting, &wrong_file, &unparsable] {
-        let shown: String = node
-            .cluster
-            .connect()
-            .query_one("SELECT s::text FROM snowid_status() s", &[])
-            .unwrap()
-            .get(0);
+        let shown: String = query_value(
+            &mut node.cluster.connect(),
+            "SELECT s::text FROM snowid_status() s",
+        );
         for password in [PASSWORD, WRONG_PASSWORD] {
             assert!(
                 !shown.contains(password),
@@ -395,12 +406,10 @@ fn a_service_file_names_the_registry_and_the_status_names_only_the_service() {
     node.cluster
         .restart_with_environment(&[&format!("PGSERVICEFILE={}", service_file.display())]);
     assert_holds(&node, 5);
-    let shown: String = node
-        .cluster
-        .connect()
-        .query_one("SELECT registry FROM snowid_status()", &[])
-        .unwrap()
-        .get(0);
+    let shown: String = query_value(
+        &mut node.cluster.connect(),
+        "SELECT registry FROM snowid_status()",
+    );
     assert_eq!(shown, "service \"snowid_registry\"");
     let (holder, _, holder_name, holder_role, _, _) = lease_row(&mut registry.connect(), 5);
     assert!(holder.is_some());
@@ -504,37 +513,28 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
 
     // Refused claims and releases lock nothing, and new picks take a lock of their own: node1
     // leaving their transactions open holds up none of node2's renewals.
-    let in_transaction = || {
+    // Each statement runs in a transaction of node1's, left open; returns the session and the row.
+    let in_transaction = |statement: &str, params: &[&(dyn ToSql + Sync)]| {
         let mut client = registry.connect_as("node1");
         client.batch_execute("BEGIN").unwrap();
-        client
+        let row = client.query_one(statement, params);
+        (client, row)
     };
-    let mut open_claim = in_transaction();
-    let granted: Option<bool> = open_claim
-        .query_one(
-            "SELECT granted FROM snowid.lease_claim(2, 'forged', 'x', 'x', 3000, 0, true, 1)",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(granted, Some(false));
-    let mut open_pick = in_transaction();
-    let picked: Option<i32> = open_pick
-        .query_one(
-            "SELECT worker_id FROM snowid.lease_claim_any('picker', 'x', 'x', 3000, 0, 1)",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(picked, Some(0));
-    let mut open_release = in_transaction();
-    assert_eq!(
-        denial(open_release.query_one(
-            "SELECT snowid.lease_release(2, $1, $2, 0, 1)",
-            &[&two_holder, &two_incarnation],
-        )),
-        lease_denied
+    let (open_claim, granted) = in_transaction(
+        "SELECT granted FROM snowid.lease_claim(2, 'forged', 'x', 'x', 3000, 0, true, 1)",
+        &[],
     );
+    assert_eq!(granted.unwrap().get::<_, Option<bool>>(0), Some(false));
+    let (open_pick, picked) = in_transaction(
+        "SELECT worker_id FROM snowid.lease_claim_any('picker', 'x', 'x', 3000, 0, 1)",
+        &[],
+    );
+    assert_eq!(picked.unwrap().get::<_, Option<i32>>(0), Some(0));
+    let (open_release, released) = in_transaction(
+        "SELECT snowid.lease_release(2, $1, $2, 0, 1)",
+        &[&two_holder, &two_incarnation],
+    );
+    assert_eq!(denial(released), lease_denied);
     await_two_renewals(&mut admin, 2, &two_row.0);
     drop((open_claim, open_pick, open_release));
 
@@ -718,27 +718,9 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
         assert_holds(node, worker);
     }
 
-    let stop = AtomicBool::new(false);
     let mut kill_to_renewal: Vec<Option<i64>> = vec![None; nodes.len()];
-    let (before, results) = std::thread::scope(|scope| {
-        let issuing: Vec<_> = nodes
-            .iter()
-            .map(|node| {
-                let stop = &stop;
-                scope.spawn(move || {
-                    let mut client = node.cluster.connect();
-                    let (mut ids, mut refusals) = (vec![], vec![]);
-                    while !stop.load(Ordering::Relaxed) {
-                        match client.query_one("SELECT snowid_next()", &[]) {
-                            Ok(row) => ids.push(row.get::<_, i64>(0)),
-                            Err(error) => refusals.push(error_text(&error)),
-                        }
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                    (ids, refusals)
-                })
-            })
-            .collect();
+    let issuing: Vec<&Node> = nodes.iter().collect();
+    let (calls, before) = calls_every(Duration::from_millis(2), &issuing, |_| {
         std::thread::sleep(Duration::from_secs(3));
         let before: Vec<LeaseRow> = (1..=3)
             .map(|worker| lease_row(&mut client, worker))
@@ -770,13 +752,9 @@ fn nodes_never_refuse_while_the_registry_fails_over_to_its_synchronous_standby()
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        stop.store(true, Ordering::Relaxed);
-        let results: Vec<(Vec<i64>, Vec<String>)> = issuing
-            .into_iter()
-            .map(|thread| thread.join().unwrap())
-            .collect();
-        (before, results)
+        before
     });
+    let results: Vec<(Vec<i64>, Vec<String>)> = calls.into_iter().map(ids_and_refusals).collect();
 
     for ((node, (ids, refusals)), measured) in nodes.iter().zip(&results).zip(&kill_to_renewal) {
         println!(
@@ -1144,26 +1122,12 @@ fn two_servers_with_one_identity_never_take_the_lease_from_each_other() {
          copy of this server runs beside it: give one of the two another snowid.worker_id and \
          restart it."
     );
-    let until = Instant::now() + Duration::from_secs(3 * TTL_S);
-    let mut seen_conflict = false;
-    while Instant::now() < until {
-        assert!(clone_claims(&mut admin).0, "the clone renews");
-        let refusal = error_text(
-            &on_original
-                .query_one("SELECT snowid_next()", &[])
-                .unwrap_err(),
-        );
-        if refusal.starts_with(expected) && refusal.ends_with(&conflict) {
-            seen_conflict = true;
-        } else {
-            assert!(
-                !seen_conflict && refusal.contains("is not acquired yet"),
-                "{refusal}"
-            );
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    assert!(seen_conflict);
+    watch_conflict_refusals(
+        &mut on_original,
+        Duration::from_secs(3 * TTL_S),
+        || assert!(clone_claims(&mut admin).0, "the clone renews"),
+        |refusal| refusal.starts_with(expected) && refusal.ends_with(&conflict),
+    );
     // The clone gone, the original takes the lease once it runs out, above every id before.
     let stopped = Instant::now();
     let state = wait_for_lease_state(&mut on_original, "held", Duration::from_secs(2 * TTL_S + 5));

@@ -5,8 +5,8 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_text, new_holder_wait_ms, server_version_num, wait_for, wait_for_lease_state, Cluster,
-    Node,
+    error_of, error_text, new_holder_wait_ms, server_version_num, wait_for, wait_for_lease_state,
+    Cluster, Node,
 };
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -277,29 +277,28 @@ fn servers_without_a_worker_id_lease_the_lowest_free(fleet: &mut Fleet) {
     drop(spares);
 }
 
+/// Waits until `client`'s server finds worker id `worker_id` held by `holder`, then checks that it
+/// refuses naming it.
+fn assert_refused_while_leased_by(client: &mut Client, worker_id: u16, holder: &Node) {
+    assert_eq!(
+        wait_for_lease_state(client, "held by another server", Duration::from_secs(10)),
+        "held by another server"
+    );
+    let refusal = error_of(client, "SELECT snowid_next()");
+    let expected = format!(
+        "55000: snowid refuses to issue ids: worker id {worker_id} is leased by another server, \
+         {}, until ",
+        holder.holder_name()
+    );
+    assert!(refusal.starts_with(&expected), "{refusal}");
+}
+
 /// 2. A second server configured with worker id 1, which node1 holds, refuses and names node1;
 /// once node1 goes away without releasing its lease, it takes over. Returns it, for the last checks.
 fn a_second_holder_is_refused_then_takes_over(fleet: &mut Fleet) -> Node {
     let twin = fleet_node("twin", Some(1), &fleet.registry, false);
     let mut twin_client = twin.cluster.connect();
-    assert_eq!(
-        wait_for_lease_state(
-            &mut twin_client,
-            "held by another server",
-            Duration::from_secs(10)
-        ),
-        "held by another server"
-    );
-    let refusal = error_text(
-        &twin_client
-            .query_one("SELECT snowid_next()", &[])
-            .unwrap_err(),
-    );
-    let expected = format!(
-        "55000: snowid refuses to issue ids: worker id 1 is leased by another server, {}, until ",
-        fleet.nodes[0].holder_name()
-    );
-    assert!(refusal.starts_with(&expected), "{refusal}");
+    assert_refused_while_leased_by(&mut twin_client, 1, &fleet.nodes[0]);
     // node1 goes away without releasing its lease: the twin takes over once it expires, above
     // every id node1 issued.
     fleet.nodes[0].cluster.stop("immediate");
@@ -321,25 +320,7 @@ fn a_second_holder_is_refused_then_takes_over(fleet: &mut Fleet) -> Node {
 /// holder: it cannot take node2's lease.
 fn a_physical_copy_cannot_take_the_lease(fleet: &Fleet) {
     let copy = fleet.nodes[1].cluster.physical_copy("node2-copy");
-    let mut copy_client = copy.connect();
-    assert_eq!(
-        wait_for_lease_state(
-            &mut copy_client,
-            "held by another server",
-            Duration::from_secs(10)
-        ),
-        "held by another server"
-    );
-    let refusal = error_text(
-        &copy_client
-            .query_one("SELECT snowid_next()", &[])
-            .unwrap_err(),
-    );
-    let expected = format!(
-        "55000: snowid refuses to issue ids: worker id 2 is leased by another server, {}, until ",
-        fleet.nodes[1].holder_name()
-    );
-    assert!(refusal.starts_with(&expected), "{refusal}");
+    assert_refused_while_leased_by(&mut copy.connect(), 2, &fleet.nodes[1]);
     drop(copy);
 }
 

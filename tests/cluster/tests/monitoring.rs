@@ -6,7 +6,7 @@
 //! a LOG line when issuing resumes.
 
 use postgres::Client;
-use snowid_cluster_tests::{error_text, free_port, Cluster};
+use snowid_cluster_tests::{assert_episode_logged, error_text, free_port, Cluster};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -84,6 +84,38 @@ fn sample(metrics: &str, name: &str, labels: &[&str]) -> f64 {
     found[0]
 }
 
+/// Each `(name, labels, value)` of `expected`: the sample of `name` with `labels` is `value`.
+fn assert_samples(metrics: &str, expected: &[(&str, &[&str], f64)]) {
+    for &(name, labels, value) in expected {
+        assert_eq!(sample(metrics, name, labels), value, "{name} {labels:?}");
+    }
+}
+
+/// The metrics of the server on `port`, which issued nothing and refused `refused` calls for
+/// `reason`: no lease, no waits; a `standby` configured with its primary's worker id says that it is
+/// in recovery and that another server holds its worker id.
+fn assert_refusing_metrics(port: u16, reason: &str, refused: f64, standby: bool) {
+    let standby = if standby { 1.0 } else { 0.0 };
+    assert_samples(
+        &Exporter::start(port).scrape(),
+        &[
+            ("snowid_ids_issued", &[], 0.0),
+            ("snowid_refused_calls", &[], refused),
+            (
+                "snowid_refusals_calls",
+                &[&format!("reason=\"{reason}\"")],
+                refused,
+            ),
+            ("snowid_lease_held", &[], 0.0),
+            ("snowid_lease_seconds_left", &[], 0.0),
+            ("snowid_in_recovery", &[], standby),
+            ("snowid_worker_id_held_elsewhere", &[], standby),
+            ("snowid_clock_backward_waits", &[], 0.0),
+            ("snowid_sequence_overflow_waits", &[], 0.0),
+        ],
+    );
+}
+
 fn refuse(client: &mut Client, times: usize) -> String {
     let mut last = String::new();
     for _ in 0..times {
@@ -92,9 +124,9 @@ fn refuse(client: &mut Client, times: usize) -> String {
     last
 }
 
-/// The log's lines that contain `text`, from `offset` on.
-fn log_lines(cluster: &Cluster, offset: usize, text: &str) -> usize {
-    cluster.log()[offset..].matches(text).count()
+/// The log, from `offset` on, has one line that contains `text`.
+fn assert_logged_once(cluster: &Cluster, offset: usize, text: &str) {
+    assert_eq!(cluster.log()[offset..].matches(text).count(), 1);
 }
 
 #[test]
@@ -108,44 +140,26 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
     assert!(refusal.starts_with("55000: snowid refuses to issue ids: the system clock is "));
     primary.set_clock_offset("+0");
     client.query_one("SELECT snowid_next()", &[]).unwrap();
-    assert_eq!(
-        log_lines(
-            &primary,
-            log_before,
-            "WARNING:  snowid refuses to issue ids: the system clock is "
-        ),
-        1
-    );
-    assert_eq!(
-        log_lines(&primary, log_before, "s of refusals: 3 calls were refused"),
-        1
-    );
+    let warning = "WARNING:  snowid refuses to issue ids: the system clock is ";
+    assert_episode_logged(&primary, log_before, warning, 3);
     let metrics = Exporter::start(primary.port).scrape();
-    assert_eq!(sample(&metrics, "snowid_ids_issued", &[]), 1001.0);
-    assert_eq!(sample(&metrics, "snowid_refused_calls", &[]), 3.0);
-    assert_eq!(
-        sample(
-            &metrics,
-            "snowid_refusals_calls",
-            &["reason=\"clock_behind\""]
-        ),
-        3.0
-    );
-    assert_eq!(
-        sample(
-            &metrics,
-            "snowid_refusals_calls",
-            &["reason=\"held_by_another_server\""]
-        ),
-        0.0
-    );
-    assert_eq!(sample(&metrics, "snowid_clock_backward_waits", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 1.0);
-    assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 0.0);
-    assert_eq!(
-        sample(&metrics, "snowid_worker_id_held_elsewhere", &[]),
-        0.0
+    assert_samples(
+        &metrics,
+        &[
+            ("snowid_ids_issued", &[], 1001.0),
+            ("snowid_refused_calls", &[], 3.0),
+            ("snowid_refusals_calls", &["reason=\"clock_behind\""], 3.0),
+            (
+                "snowid_refusals_calls",
+                &["reason=\"held_by_another_server\""],
+                0.0,
+            ),
+            ("snowid_clock_backward_waits", &[], 0.0),
+            ("snowid_sequence_overflow_waits", &[], 0.0),
+            ("snowid_lease_held", &[], 1.0),
+            ("snowid_in_recovery", &[], 0.0),
+            ("snowid_worker_id_held_elsewhere", &[], 0.0),
+        ],
     );
     let left = sample(&metrics, "snowid_lease_seconds_left", &[]);
     assert!((14.0..=25.0).contains(&left), "{left}");
@@ -161,34 +175,12 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
     let log_before = copy.log().len();
     let refusal = refuse(&mut on_copy, 2);
     assert!(refusal.contains("is held by monitored@"), "{refusal}");
-    assert_eq!(
-        log_lines(
-            &copy,
-            log_before,
-            "WARNING:  snowid refuses to issue ids: worker id 5 is held by monitored@"
-        ),
-        1
+    assert_logged_once(
+        &copy,
+        log_before,
+        "WARNING:  snowid refuses to issue ids: worker id 5 is held by monitored@",
     );
-    let metrics = Exporter::start(copy.port).scrape();
-    assert_eq!(sample(&metrics, "snowid_ids_issued", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_refused_calls", &[]), 2.0);
-    assert_eq!(
-        sample(
-            &metrics,
-            "snowid_refusals_calls",
-            &["reason=\"held_by_another_server\""]
-        ),
-        2.0
-    );
-    assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_lease_seconds_left", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 0.0);
-    assert_eq!(
-        sample(&metrics, "snowid_worker_id_held_elsewhere", &[]),
-        0.0
-    );
-    assert_eq!(sample(&metrics, "snowid_clock_backward_waits", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);
+    assert_refusing_metrics(copy.port, "held_by_another_server", 2.0, false);
 
     // A standby refuses as a standby. Configured with its primary's worker id, it says so: in its
     // status, once in its log, and in the metrics.
@@ -200,50 +192,25 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
         primary.port
     );
     snowid_cluster_tests::wait_for_held_by(&mut on_standby, &holder);
-    assert_eq!(
-        log_lines(
-            &standby,
-            0,
-            &format!(
-                "WARNING:  snowid: worker id 5 of this standby is held by {holder}, a server of this \
+    assert_logged_once(
+        &standby,
+        0,
+        &format!(
+            "WARNING:  snowid: worker id 5 of this standby is held by {holder}, a server of this \
                  standby's own cluster (its primary, or a copy of it): once promoted, this server \
                  refuses every id until snowid_handover(5) is run on it, once {holder} is stopped \
                  for good; give every node its own snowid.worker_id"
-            )
         ),
-        1
     );
     let log_before = standby.log().len();
     let refusal = refuse(&mut on_standby, 4);
     assert!(refusal.starts_with("25006: snowid cannot issue ids on a server in recovery"));
-    assert_eq!(
-        log_lines(
-            &standby,
-            log_before,
-            "WARNING:  snowid cannot issue ids on a server in recovery"
-        ),
-        1
+    assert_logged_once(
+        &standby,
+        log_before,
+        "WARNING:  snowid cannot issue ids on a server in recovery",
     );
-    let metrics = Exporter::start(standby.port).scrape();
-    assert_eq!(sample(&metrics, "snowid_refused_calls", &[]), 4.0);
-    assert_eq!(
-        sample(
-            &metrics,
-            "snowid_refusals_calls",
-            &["reason=\"in_recovery\""]
-        ),
-        4.0
-    );
-    assert_eq!(sample(&metrics, "snowid_lease_held", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_lease_seconds_left", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_in_recovery", &[]), 1.0);
-    assert_eq!(
-        sample(&metrics, "snowid_worker_id_held_elsewhere", &[]),
-        1.0
-    );
-    assert_eq!(sample(&metrics, "snowid_ids_issued", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_clock_backward_waits", &[]), 0.0);
-    assert_eq!(sample(&metrics, "snowid_sequence_overflow_waits", &[]), 0.0);
+    assert_refusing_metrics(standby.port, "in_recovery", 4.0, true);
 }
 
 #[test]
@@ -268,18 +235,9 @@ fn a_lease_not_acquired_yet_logs_one_warning_and_a_line_when_issuing_begins() {
         .unwrap()
         .get::<_, bool>(0));
     app.query_one("SELECT snowid_next()", &[]).unwrap();
-    assert_eq!(
-        log_lines(
-            &cluster,
-            log_before,
-            "WARNING:  snowid refuses to issue ids: the lease on worker id 6 is not acquired yet"
-        ),
-        1
-    );
-    assert_eq!(
-        log_lines(&cluster, log_before, "s of refusals: 5 calls were refused"),
-        1
-    );
+    let warning =
+        "WARNING:  snowid refuses to issue ids: the lease on worker id 6 is not acquired yet";
+    assert_episode_logged(&cluster, log_before, warning, 5);
     let counts: Vec<(String, i64)> = app
         .query(
             "SELECT reason, calls FROM snowid_refusals() WHERE calls > 0",

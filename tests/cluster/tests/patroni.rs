@@ -19,7 +19,7 @@
 
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
 use snowid_cluster_tests::patroni::*;
-use snowid_cluster_tests::{free_port, signal};
+use snowid_cluster_tests::{assert_success, free_port, scenario_tests, signal};
 use std::fs;
 use std::path::Path;
 use std::process::Command;
@@ -51,13 +51,7 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
     let holder = cluster.one.holder_name(&cluster.scope);
     let (one_port, two_port) = (cluster.one.port, cluster.two.port);
     let mut application = Application::new();
-    application.client(
-        "router",
-        format!(
-            "host=127.0.0.1,127.0.0.1 port={one_port},{two_port} user=postgres dbname=postgres \
-             target_session_attrs=read-write connect_timeout=1"
-        ),
-    );
+    application.client("router", cluster.router_conninfo());
     application.client("first primary", cluster.one.conninfo());
     application.client("standby", cluster.two.conninfo());
     let clients_started = Instant::now();
@@ -424,11 +418,7 @@ fn switch_over(from: &Node, to: &Node) -> Instant {
         ])
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_success(&output, "");
     called
 }
 
@@ -441,13 +431,7 @@ fn switch_back(mode: Mode) {
     let mut cluster = PatroniCluster::start(mode, WorkerIds::PerNode, FAST, false);
     let (one_port, two_port) = (cluster.one.port, cluster.two.port);
     let mut application = Application::new();
-    application.client(
-        "router",
-        format!(
-            "host=127.0.0.1,127.0.0.1 port={one_port},{two_port} user=postgres dbname=postgres \
-             target_session_attrs=read-write connect_timeout=1"
-        ),
-    );
+    application.client("router", cluster.router_conninfo());
     let first_from =
         |port: u16, since: Instant, limit: Duration| application.wait_for_id(port, since, limit);
     std::thread::sleep(Duration::from_secs(2));
@@ -501,19 +485,10 @@ fn switch_back(mode: Mode) {
     assert!(from_one.windows(2).all(|pair| pair[0] < pair[1]), "{what}");
 }
 
-#[test]
-fn lease_table_switchovers_and_a_switch_back_after_a_crash() {
-    switch_back(Mode::LeaseTableOnTheNodes);
-}
-
-#[test]
-fn shared_registry_switchovers_and_a_switch_back_after_a_crash() {
-    switch_back(Mode::SharedRegistry);
-}
-
-#[test]
-fn etcd_switchovers_and_a_switch_back_after_a_crash() {
-    switch_back(Mode::Etcd);
+scenario_tests! { switch_back:
+    lease_table_switchovers_and_a_switch_back_after_a_crash: Mode::LeaseTableOnTheNodes,
+    shared_registry_switchovers_and_a_switch_back_after_a_crash: Mode::SharedRegistry,
+    etcd_switchovers_and_a_switch_back_after_a_crash: Mode::Etcd,
 }
 
 /// Asks `conninfo`'s server for ids every 100 ms for `watch`: it refuses every time, with a refusal
@@ -658,17 +633,8 @@ fn copies_beside_the_live_primary(mode: Mode) {
     );
 }
 
-#[test]
-fn lease_table_a_clone_and_a_standby_cluster_beside_the_live_primary() {
-    copies_beside_the_live_primary(Mode::LeaseTableOnTheNodes);
-}
-
-#[test]
-fn shared_registry_a_clone_and_a_standby_cluster_beside_the_live_primary() {
-    copies_beside_the_live_primary(Mode::SharedRegistry);
-}
-
-#[test]
-fn etcd_a_clone_and_a_standby_cluster_beside_the_live_primary() {
-    copies_beside_the_live_primary(Mode::Etcd);
+scenario_tests! { copies_beside_the_live_primary:
+    lease_table_a_clone_and_a_standby_cluster_beside_the_live_primary: Mode::LeaseTableOnTheNodes,
+    shared_registry_a_clone_and_a_standby_cluster_beside_the_live_primary: Mode::SharedRegistry,
+    etcd_a_clone_and_a_standby_cluster_beside_the_live_primary: Mode::Etcd,
 }

@@ -2,7 +2,7 @@
 //! lease yet, a standby, a clock behind the ids issued), cancellable like any statement, and it
 //! issues nothing itself.
 
-use snowid_cluster_tests::{clock_behind_ms, error_text, Cluster};
+use snowid_cluster_tests::{clock_behind_ms, error_of, error_text, query_value, Cluster};
 use std::time::{Duration, Instant};
 
 /// A server leasing worker id 5 from database `ledger`, which does not have snowid yet: it cannot
@@ -68,10 +68,7 @@ fn false_after_the_timeout_then_true_once_the_lease_is_held() {
     );
     assert_eq!(issued(&mut client), (0, None), "waiting issued no id");
     assert!(wait_ready(&mut client, "0"));
-    let worker_id: i32 = client
-        .query_one("SELECT snowid_worker_id(snowid_next())", &[])
-        .unwrap()
-        .get(0);
+    let worker_id: i32 = query_value(&mut client, "SELECT snowid_worker_id(snowid_next())");
     assert_eq!(worker_id, 5);
     println!(
         "false after {waited:?} for a 1.5 s timeout; true {:?} after the wait began, 500 ms after \
@@ -87,11 +84,8 @@ fn a_wait_is_cancelled_like_any_statement() {
         .batch_execute("SET statement_timeout = '300ms'")
         .unwrap();
     let started = Instant::now();
-    let timed_out = client
-        .query_one("SELECT snowid_wait_ready('1 hour')", &[])
-        .unwrap_err();
     assert_eq!(
-        error_text(&timed_out),
+        error_of(&mut client, "SELECT snowid_wait_ready('1 hour')"),
         "57014: canceling statement due to statement timeout"
     );
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -99,29 +93,20 @@ fn a_wait_is_cancelled_like_any_statement() {
 
     let cancelled = std::thread::scope(|scope| {
         let waiter = scope.spawn(|| {
-            let mut client = cluster.connect();
-            client
-                .batch_execute("SET application_name = 'waiting'")
-                .unwrap();
+            let mut client = cluster.connect_named("waiting");
             let started = Instant::now();
-            let error = client
-                .query_one("SELECT snowid_wait_ready('1 hour')", &[])
-                .unwrap_err();
-            (error_text(&error), started.elapsed())
+            let error = error_of(&mut client, "SELECT snowid_wait_ready('1 hour')");
+            (error, started.elapsed())
         });
         // Waiting on its latch inside the function: a cancel that comes while the server still
         // reads the statement's messages is ignored, as PostgreSQL ignores any.
         snowid_cluster_tests::wait_for("the session to wait", Duration::from_secs(10), || {
-            client
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity
-                          WHERE application_name = 'waiting' AND query LIKE 'SELECT snowid_wait_ready%'
-                            AND wait_event_type = 'Extension'",
-                        &[],
-                    )
-                    .unwrap()
-                    .get::<_, i64>(0)
-                    == 1
+            query_value::<i64>(
+                &mut client,
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = 'waiting' AND query LIKE 'SELECT snowid_wait_ready%'
+                    AND wait_event_type = 'Extension'",
+            ) == 1
         });
         let signalled: bool = client
             .query_one(
@@ -192,10 +177,7 @@ fn false_on_a_standby_and_true_once_it_is_promoted_after_a_clean_switchover() {
     standby.promote();
     let mut promoted = standby.connect();
     assert!(wait_ready(&mut promoted, "15 seconds"));
-    let worker_id: i32 = promoted
-        .query_one("SELECT snowid_worker_id(snowid_next())", &[])
-        .unwrap()
-        .get(0);
+    let worker_id: i32 = query_value(&mut promoted, "SELECT snowid_worker_id(snowid_next())");
     assert_eq!(worker_id, 7);
 }
 

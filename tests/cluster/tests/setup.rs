@@ -1,6 +1,6 @@
 //! How snowid behaves when it is set up wrongly, and what a correct setup shares.
 
-use snowid_cluster_tests::{error_text, Cluster};
+use snowid_cluster_tests::{alter_system_and_reload, error_text, query_value, Cluster};
 
 const PRELOADED: &str = "shared_preload_libraries = 'snowid'";
 
@@ -154,11 +154,7 @@ fn the_worker_id_changes_only_on_restart() {
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
     assert_eq!(cluster.wait_for_lease(&mut client), "held");
-    client
-        .batch_execute("ALTER SYSTEM SET snowid.worker_id = 5")
-        .unwrap();
-    client.batch_execute("SELECT pg_reload_conf()").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    alter_system_and_reload(&mut client, "snowid.worker_id = 5");
     let mut client = cluster.connect();
     let worker = |client: &mut postgres::Client| {
         client
@@ -204,10 +200,7 @@ fn every_database_of_a_server_shares_one_generator() {
         ids.windows(2).all(|pair| pair[0] < pair[1]),
         "ids alternate between databases in order"
     );
-    let issued: i64 = second
-        .query_one("SELECT ids_issued FROM snowid_status()", &[])
-        .unwrap()
-        .get(0);
+    let issued: i64 = query_value(&mut second, "SELECT ids_issued FROM snowid_status()");
     assert_eq!(issued, 1000);
 }
 

@@ -6,7 +6,10 @@
 
 use postgres::Client;
 use snowid_cluster_tests::ids::{millis_of, unix_ms};
-use snowid_cluster_tests::{error_text, lease_worker_pid, signal, Cluster, Node, RaiseOnDrop};
+use snowid_cluster_tests::{
+    assert_episode_logged, error_text, lease_worker_pid, next_id_once_issuing, scenario_tests,
+    signal, Cluster, Node, RaiseOnDrop,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -112,17 +115,17 @@ fn next_renewal(client: &mut Client) -> i64 {
     }
 }
 
+/// Calls `snowid_next()` every 10 ms until it issues, for at most `limit`; returns the id and how
+/// many calls were refused on the way.
+fn next_once_issuing(client: &mut Client, limit: Duration) -> (i64, usize) {
+    let (id, refusals) = next_id_once_issuing(client, limit, Duration::from_millis(10), |_| true);
+    (id, refusals.len())
+}
+
 /// The ids issued, in order; each larger than the one before.
 fn increasing_ids(calls: &[Call]) -> Vec<i64> {
-    let ids: Vec<i64> = calls
-        .iter()
-        .filter_map(|call| call.result.clone().ok())
-        .collect();
-    assert!(
-        ids.windows(2).all(|pair| pair[0] < pair[1]),
-        "ids distinct and increasing"
-    );
-    ids
+    let results = calls.iter().map(|call| &call.result);
+    snowid_cluster_tests::increasing_ids(results, "ids distinct and increasing")
 }
 
 /// The millisecond (since snowid's epoch) below which the server's recorded ceiling lets ids pass.
@@ -311,31 +314,13 @@ fn a_ceiling_that_cannot_be_recorded_is_refused_at_once_naming_why() {
     );
     // Writable again, the next write lets ids through.
     std::fs::remove_dir(&blocker).unwrap();
-    let started = Instant::now();
-    let mut refusals = 1;
-    while let Err(error) = client.query_one("SELECT snowid_next()", &[]) {
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{}",
-            error_text(&error)
-        );
-        refusals += 1;
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (_, refused) = next_once_issuing(&mut client, Duration::from_secs(2));
+    let refusals = 1 + refused;
     // One WARNING for the episode, one LOG when it ended.
-    let log = cluster.log();
-    assert_eq!(
-        log.matches(&format!(
-            "WARNING:  snowid refuses to issue ids: the ceiling of worker id {WORKER_ID} is reached"
-        ))
-        .count(),
-        1
+    let warning = format!(
+        "WARNING:  snowid refuses to issue ids: the ceiling of worker id {WORKER_ID} is reached"
     );
-    assert_eq!(
-        log.matches(&format!("s of refusals: {refusals} calls were refused"))
-            .count(),
-        1
-    );
+    assert_episode_logged(&cluster, 0, &warning, refusals);
     let last_error: Option<String> = client
         .query_one("SELECT last_error FROM snowid_status()", &[])
         .unwrap()
@@ -343,14 +328,9 @@ fn a_ceiling_that_cannot_be_recorded_is_refused_at_once_naming_why() {
     assert_eq!(last_error, None);
 }
 
-#[test]
-fn a_lease_worker_stopped_for_five_seconds_costs_callers_a_wait_never_an_error() {
-    stopped_for_five_seconds(Registry::OnTheServer);
-}
-
-#[test]
-fn with_a_shared_registry_a_lease_worker_stopped_for_five_seconds_costs_nothing() {
-    stopped_for_five_seconds(Registry::Shared);
+scenario_tests! { stopped_for_five_seconds:
+    a_lease_worker_stopped_for_five_seconds_costs_callers_a_wait_never_an_error: Registry::OnTheServer,
+    with_a_shared_registry_a_lease_worker_stopped_for_five_seconds_costs_nothing: Registry::Shared,
 }
 
 /// The refusal of a lease whose worker has not renewed it for `seconds`.
@@ -426,46 +406,17 @@ fn stopped_past_the_deadline(registry: Registry) {
     }
 
     // Running again, the worker renews: issuing resumes above every id before.
-    let started = Instant::now();
-    let mut refusals = calls.len() - first_refused;
-    let id = loop {
-        match client.query_one("SELECT snowid_next()", &[]) {
-            Ok(row) => break row.get::<_, i64>(0),
-            Err(error) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(3),
-                    "{}",
-                    error_text(&error)
-                );
-                refusals += 1;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    };
+    let (id, refused) = next_once_issuing(&mut client, Duration::from_secs(3));
+    let refusals = calls.len() - first_refused + refused;
     assert!(ids.iter().all(|&before| before < id));
     // One WARNING for the episode, one LOG when it ended.
-    let log = cluster.log();
-    assert_eq!(
-        log.matches(&format!(
-            "WARNING:  snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out"
-        ))
-        .count(),
-        1
+    let warning = format!(
+        "WARNING:  snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out"
     );
-    assert_eq!(
-        log.matches(&format!("s of refusals: {refusals} calls were refused"))
-            .count(),
-        1,
-        "{log}"
-    );
+    assert_episode_logged(&cluster, 0, &warning, refusals);
 }
 
-#[test]
-fn a_lease_worker_stopped_past_the_deadline_is_refused_at_it() {
-    stopped_past_the_deadline(Registry::OnTheServer);
-}
-
-#[test]
-fn with_a_shared_registry_a_lease_worker_stopped_past_the_deadline_is_refused_at_it() {
-    stopped_past_the_deadline(Registry::Shared);
+scenario_tests! { stopped_past_the_deadline:
+    a_lease_worker_stopped_past_the_deadline_is_refused_at_it: Registry::OnTheServer,
+    with_a_shared_registry_a_lease_worker_stopped_past_the_deadline_is_refused_at_it: Registry::Shared,
 }

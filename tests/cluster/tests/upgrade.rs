@@ -1,7 +1,7 @@
 //! `ALTER EXTENSION snowid UPDATE` from every released version (each goes through the next) gives what
 //! a fresh install gives, and keeps the data made with the old one.
 
-use snowid_cluster_tests::{error_text, server_version_num, wait_for, Cluster};
+use snowid_cluster_tests::{error_text, query_value, server_version_num, wait_for, Cluster};
 use std::time::Duration;
 
 /// Every object of the extension in a database, with what its definition says.
@@ -63,18 +63,31 @@ const OLD_VERSION_INSTALLED: &str =
     HINT: Issuing resumes by itself once this server holds the lease; snowid_status() and the \
     server log say more.";
 
+/// The old version's server takes its lease and issues under its worker id, 21, before the update.
+fn assert_issues_before_the_update(cluster: &Cluster, old: &mut postgres::Client) {
+    assert_eq!(cluster.wait_for_lease(old), "held");
+    let worker_id: i32 = query_value(old, "SELECT snowid_worker_id(snowid_next())");
+    assert_eq!(worker_id, 21);
+}
+
+/// `SELECT * FROM snowid_status()` through an old version's declaration: its `columns` columns,
+/// worker_id 21 and `ids_issued` in theirs.
+fn assert_old_status(old: &mut postgres::Client, columns: usize, ids_issued: i64) {
+    let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
+    assert_eq!(status.len(), columns);
+    assert_eq!(
+        (status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)),
+        (Some(21), ids_issued)
+    );
+}
+
 #[test]
 fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
     let (cluster, mut old) = installed("upgrade-0.1.0", "0.1.0", &[]);
     wait_for_old_version_refusal(&mut old);
     // The 0.1.0 declaration of snowid_status() still works with the new library: the lease
     // columns come after the old ones.
-    let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
-    assert_eq!(status.len(), 6);
-    assert_eq!(
-        (status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)),
-        (Some(21), 0)
-    );
+    assert_old_status(&mut old, 6, 0);
     update_and_compare_with_fresh(&cluster, &mut old, "0.1.0");
 }
 
@@ -82,10 +95,7 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
 fn updating_from_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
     let (cluster, mut old) = installed("upgrade-0.2.0", "0.2.0", &[]);
     wait_for_old_version_refusal(&mut old);
-    let state: String = old
-        .query_one("SELECT lease_state FROM snowid_status()", &[])
-        .unwrap()
-        .get(0);
+    let state: String = query_value(&mut old, "SELECT lease_state FROM snowid_status()");
     assert_eq!(state, "starting");
     update_and_compare_with_fresh(&cluster, &mut old, "0.2.0");
 }
@@ -94,37 +104,19 @@ fn updating_from_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
 fn updating_from_0_3_0_equals_a_fresh_install_and_keeps_the_data() {
     let (cluster, mut old) = installed("upgrade-0.3.0", "0.3.0", &[]);
     // 0.3.0's lease functions serve the new library as they are: it issues before the update.
-    assert_eq!(cluster.wait_for_lease(&mut old), "held");
-    let worker_id: i32 = old
-        .query_one("SELECT snowid_worker_id(snowid_next())", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(worker_id, 21);
+    assert_issues_before_the_update(&cluster, &mut old);
     update_and_compare_with_fresh(&cluster, &mut old, "0.3.0");
 }
 
 #[test]
 fn updating_from_0_4_0_equals_a_fresh_install_and_keeps_the_data() {
     let (cluster, mut old) = installed("upgrade-0.4.0", "0.4.0", &[]);
-    assert_eq!(cluster.wait_for_lease(&mut old), "held");
-    let worker_id: i32 = old
-        .query_one("SELECT snowid_worker_id(snowid_next())", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(worker_id, 21);
+    assert_issues_before_the_update(&cluster, &mut old);
     // The 0.4.0 declaration of snowid_status() still works with the new library: ceiling_waits
     // comes after the old columns.
-    let status = old.query_one("SELECT * FROM snowid_status()", &[]).unwrap();
-    assert_eq!(status.len(), 12);
-    assert_eq!(
-        (status.get::<_, Option<i32>>(0), status.get::<_, i64>(2)),
-        (Some(21), 1)
-    );
+    assert_old_status(&mut old, 12, 1);
     update_and_compare_with_fresh(&cluster, &mut old, "0.4.0");
-    let waits: i64 = old
-        .query_one("SELECT ceiling_waits FROM snowid_status()", &[])
-        .unwrap()
-        .get(0);
+    let waits: i64 = query_value(&mut old, "SELECT ceiling_waits FROM snowid_status()");
     assert_eq!(waits, 0);
 }
 
