@@ -74,7 +74,7 @@ TEST_PACKAGES=(postgresql-15-partman patroni etcd-server etcd-client prometheus-
 
 # install_packages PURPOSE: the Debian packages that PURPOSE (build or test) needs, when missing.
 install_packages() {
-    local packages=("${BUILD_PACKAGES[@]}") package missing=()
+    local packages=("${BUILD_PACKAGES[@]}")
     # pip fetches PostgreSQL 16 (postgresql-wheel.sh).
     python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
     if [ "$1" = test ]; then
@@ -84,7 +84,13 @@ install_packages() {
         command -v npm >/dev/null || packages+=(nodejs npm)
         python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
     fi
-    for package in "${packages[@]}"; do
+    install_debian_packages "${packages[@]}"
+}
+
+# install_debian_packages PACKAGE...: those of the Debian packages that are missing.
+install_debian_packages() {
+    local package missing=()
+    for package in "$@"; do
         dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
     done
     if [ ${#missing[@]} -gt 0 ]; then

@@ -1,7 +1,7 @@
 //! Patroni clusters for the tests: two nodes of Debian's Patroni with a one-member etcd, every
 //! process started on loopback addresses and stopped by its process id, each node configured with
-//! the README's fragment of `contrib/patroni/` for its registry mode; and the clients that run
-//! through them, keeping every id they receive.
+//! the fragment of `contrib/patroni/` for its registry mode, as docs/patroni.md shows it; and the
+//! clients that run through them, keeping every id they receive.
 
 use crate::etcd::{EtcdCluster, Process};
 use crate::ids::unix_ms;
@@ -40,7 +40,7 @@ impl Mode {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WorkerIds {
-    /// As the README says: each node its own, 1 and 2.
+    /// As docs/patroni.md says: each node its own, 1 and 2.
     PerNode,
     /// A misconfiguration: worker id 5 on both nodes.
     OneForBoth,
@@ -92,7 +92,7 @@ pub struct Shared {
     pub fail_over_at_once: bool,
 }
 
-/// The README's fragment for the shared `mode`, as node `number` uses it: its worker id, and the
+/// The fragment (as docs/patroni.md shows it) for the shared `mode`, as node `number` uses it: its worker id, and the
 /// test's registry or etcd in place of the example's. Returns the lines under
 /// `postgresql.parameters`.
 pub fn fragment(shared: &Shared, number: u8) -> String {
@@ -164,60 +164,30 @@ impl Node {
         } else {
             ""
         };
-        let config = format!(
-            "scope: {scope}
-name: {name}
-{extra}
-log:
-  level: INFO
-restapi:
-  listen: 127.0.0.1:{rest_port}
-  connect_address: 127.0.0.1:{rest_port}
-etcd3:
-  hosts: 127.0.0.1:{etcd_port}
-bootstrap:
-  dcs:
-    ttl: {ttl}
-    loop_wait: {loop_wait}
-    retry_timeout: {retry_timeout}
-    maximum_lag_on_failover: 1073741824
-{start_timeout}{extra_dcs}    postgresql:
-      use_pg_rewind: true
-      parameters:
-        wal_log_hints: 'on'
-        fsync: 'off'
-  initdb:
-    - encoding: UTF8
-  pg_hba:
-    - local all all trust
-    - host replication all 127.0.0.1/32 trust
-    - host all all 127.0.0.1/32 trust
-postgresql:
-  listen: 127.0.0.1:{port}
-  connect_address: 127.0.0.1:{port}
-  data_dir: {data}
-  bin_dir: {bindir}
-  pgpass: {dir}/pgpass
-  authentication:
-    superuser:
-      username: postgres
-    replication:
-      username: postgres
-    rewind:
-      username: postgres
-  parameters:
-    unix_socket_directories: '{dir}'
-{fragment}
-",
-            etcd_port = shared.etcd_port,
-            ttl = timing.ttl,
-            loop_wait = timing.loop_wait,
-            retry_timeout = timing.retry_timeout,
-            data = dir.join("data").display(),
-            bindir = pg_config("--bindir"),
-            dir = dir.display(),
-            fragment = fragment(shared, number),
+        let dcs = format!(
+            "    ttl: {}\n    loop_wait: {}\n    retry_timeout: {}\n    maximum_lag_on_failover: 1073741824\n{start_timeout}{extra_dcs}",
+            timing.ttl, timing.loop_wait, timing.retry_timeout
         );
+        // The tests' servers need not survive a crash of the machine.
+        let parameters = format!("{}\n    fsync: 'off'", fragment(shared, number));
+        let template =
+            fs::read_to_string(Path::new(CONTRIB).join("../../scripts/patroni-node.yml")).unwrap();
+        let config = [
+            ("@SCOPE@", scope.to_string()),
+            ("@NAME@", name.clone()),
+            ("@PORT@", port.to_string()),
+            ("@REST_PORT@", rest_port.to_string()),
+            ("@ETCD_PORT@", shared.etcd_port.to_string()),
+            ("@DIR@", dir.display().to_string()),
+            ("@BIN_DIR@", pg_config("--bindir")),
+            ("@DCS@", dcs),
+            ("@PARAMETERS@", parameters),
+        ]
+        .iter()
+        .fold(template, |config, (placeholder, value)| {
+            config.replace(placeholder, value)
+        });
+        let config = format!("{config}{extra}\nlog:\n  level: INFO\n");
         let config_path = dir.join("patroni.yml");
         fs::write(&config_path, config).unwrap();
         Node {
@@ -702,7 +672,7 @@ impl Drop for PatroniCluster {
     }
 }
 
-/// A registry server as the README sets one up: snowid in its database `snowid`, and a role of its
+/// A registry server as docs/registries.md sets one up: snowid in its database `snowid`, and a role of its
 /// own for each node with the two GRANTs.
 pub fn registry_server() -> Cluster {
     let registry = Cluster::start("patroni-registry", &[]);
