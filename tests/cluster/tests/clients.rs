@@ -1,6 +1,6 @@
 //! The client examples in `clients/`: `clients/run.sh` installs what they need and runs each against a
 //! server that preloads snowid. Each example asserts its round trips itself and prints what it
-//! checked; the README's section on clients says no more than these lines.
+//! checked; docs/recipes.md's section on clients says no more than these lines.
 
 use snowid_cluster_tests::{yield_the_cpu, Cluster};
 use std::path::Path;

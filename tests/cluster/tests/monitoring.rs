@@ -1,5 +1,5 @@
 //! Monitoring: Debian's prometheus-postgres-exporter with contrib/prometheus/queries.yaml, run as
-//! the README says, against servers that issue, refuse for a held worker id, or are standbys (one
+//! docs/monitoring.md says, against servers that issue, refuse for a held worker id, or are standbys (one
 //! configured with its primary's worker id), with the metrics read over HTTP and their values
 //! asserted; promtool checking and unit-testing
 //! contrib/prometheus/snowid-alerts.yml; and the server log's one WARNING per refusal episode, with

@@ -1,8 +1,9 @@
 //! snowid under Patroni: two-node clusters of Debian's Patroni 3.0.2 with a one-member etcd 3.4, every
 //! process started here on loopback addresses and stopped by its process id, in each registry mode
 //! (the lease table on the nodes, a shared PostgreSQL registry, snowid's keys in Patroni's own etcd),
-//! the nodes configured with the README's fragments of `contrib/patroni/` as written. Patroni runs
-//! with `ttl 10`, `loop_wait 2` and `retry_timeout 3`, or its defaults where a test says so.
+//! the nodes configured with the fragments of `contrib/patroni/` as written, as docs/patroni.md
+//! shows them. Patroni runs with `ttl 10`, `loop_wait 2` and `retry_timeout 3`, or its defaults
+//! where a test says so.
 //!
 //! Three clients run throughout, each through libpq (`psql`) and keeping every id it receives: one
 //! through the multi-host form with `target_session_attrs=read-write`, one pinned to the first
@@ -25,15 +26,16 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The README shows every fragment as shipped, so that what the tests run is what operators copy.
+/// docs/patroni.md shows every fragment as shipped, so that what the tests run is what operators
+/// copy.
 #[test]
-fn the_readme_shows_every_fragment_as_shipped() {
-    let readme = fs::read_to_string(Path::new(CONTRIB).join("../../README.md")).unwrap();
+fn the_patroni_page_shows_every_fragment_as_shipped() {
+    let page = fs::read_to_string(Path::new(CONTRIB).join("../../docs/patroni.md")).unwrap();
     for mode in [Mode::LeaseTableOnTheNodes, Mode::SharedRegistry, Mode::Etcd] {
         let fragment = fs::read_to_string(Path::new(CONTRIB).join(mode.fragment())).unwrap();
         assert!(
-            readme.contains(&format!("```yaml\n{fragment}```\n")),
-            "README.md does not show contrib/patroni/{} as it is",
+            page.contains(&format!("```yaml\n{fragment}```\n")),
+            "docs/patroni.md does not show contrib/patroni/{} as it is",
             mode.fragment()
         );
     }
@@ -185,7 +187,7 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
                 "{what}: {stall:?}"
             );
         }
-        // As the README says: within a lease's length of node1's last chance to issue, and the
+        // As docs/patroni.md says: within a lease's length of node1's last chance to issue, and the
         // claim's retries.
         (WorkerIds::OneForBoth, Some(stall)) => {
             let after = stall.after_old_primary_stopped.unwrap();

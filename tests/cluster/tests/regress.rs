@@ -1,8 +1,7 @@
 //! SQL regression files: each `tests/regress/sql/NAME.sql` runs through psql in a database of its
 //! own and must print exactly `tests/regress/expected/NAME.out`, or, on a server built without ICU
-//! (PostgreSQL 16 from the pgserver wheel), the alternative `NAME_1.out` (pg_regress's convention). The README's examples are checked
-//! against these outputs, and its benchmark figures against the committed results, so that the
-//! README cannot drift from the code.
+//! (PostgreSQL 16 from the pgserver wheel), the alternative `NAME_1.out` (pg_regress's convention).
+//! The documentation's examples are checked against these outputs by `docs.rs`.
 
 use snowid_cluster_tests::{pg_config, Cluster};
 use std::fs;
@@ -69,71 +68,4 @@ fn sql_files_print_their_expected_output() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-#[test]
-fn every_psql_example_in_the_readme_is_in_an_expected_output() {
-    let trimmed = |text: &str| {
-        text.lines()
-            .map(str::trim_end)
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let readme =
-        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
-    let expected: Vec<String> = fs::read_dir(regress_dir().join("expected"))
-        .unwrap()
-        .map(|entry| trimmed(&fs::read_to_string(entry.unwrap().path()).unwrap()))
-        .collect();
-    let examples: Vec<&str> = readme
-        .split("```psql\n")
-        .skip(1)
-        .map(|rest| rest.split("```").next().unwrap())
-        .collect();
-    assert!(
-        examples.len() >= 5,
-        "the README shows its examples in ```psql blocks"
-    );
-    for example in examples {
-        let example = trimmed(example);
-        assert!(
-            expected.iter().any(|output| output.contains(&example)),
-            "README example not found in tests/regress/expected:\n{example}"
-        );
-    }
-}
-
-#[test]
-fn the_readme_shows_the_committed_benchmark_results_of_every_major() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let readme = fs::read_to_string(root.join("README.md")).unwrap();
-    // Each benchmark's results file and its chart, by major.
-    let benchmarks = [
-        ("pg15", "results", "chart"),
-        ("pg16", "results", "chart"),
-        ("pg17", "results", "chart"),
-        ("pg18", "results", "chart"),
-        ("pg15", "growth", "growth"),
-        ("pg18", "growth", "growth"),
-    ];
-    for (major, results, chart) in benchmarks {
-        let dir = format!("benches/results/{major}");
-        let text = fs::read_to_string(root.join(&dir).join(format!("{results}.md"))).unwrap();
-        assert!(
-            readme.contains(text.trim()),
-            "README.md does not show {dir}/{results}.md as it is"
-        );
-        let chart = format!("{dir}/{chart}.png");
-        assert!(
-            readme.contains(&format!("]({chart})")),
-            "README.md does not show {chart}"
-        );
-        assert!(root.join(&chart).is_file(), "{chart} is missing");
-    }
-    // The last comparison of two builds, which has no chart.
-    let compare = fs::read_to_string(root.join("benches/results/pg15/compare.md")).unwrap();
-    assert!(
-        readme.contains(compare.trim()),
-        "README.md does not show benches/results/pg15/compare.md as it is"
-    );
 }

@@ -1,4 +1,4 @@
--- The README's examples. A fresh server with snowid.worker_id = 17, snowid.database = 'usage'
+-- The documentation's examples. A fresh server with snowid.worker_id = 17, snowid.database = 'usage'
 -- (this database) and TimeZone = 'UTC'.
 CREATE EXTENSION snowid;
 -- True once this server holds the lease on its worker id, within a second or so of the start.

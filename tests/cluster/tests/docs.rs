@@ -1,0 +1,333 @@
+//! The documentation checks itself, in every Markdown file of the repository (the README, `docs/`,
+//! the results of `benches/`): each ```psql block is found in a regression test's expected output,
+//! so that an example cannot drift from what snowid prints; each relative link names a file that
+//! exists and, with an anchor, a heading of it; and each benchmark result is linked, not copied.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// Every Markdown file below `dir`, but in build output, git's own folder and installed
+/// packages, in order.
+fn markdown_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = vec![];
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let name = path.file_name().unwrap().to_string_lossy();
+        if path.is_dir() && !["target", ".git", "node_modules"].contains(&&*name) {
+            files.extend(markdown_files(&path));
+        } else if name.ends_with(".md") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// Each line of `text` with its number, blank inside fenced code blocks and with inline code
+/// removed: the prose whose links count.
+fn prose_lines(text: &str) -> Vec<(usize, String)> {
+    let mut in_code = false;
+    let mut lines = vec![];
+    for (index, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        let outside_code: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(part, _)| part % 2 == 0)
+            .map(|(_, text)| text)
+            .collect();
+        lines.push((index + 1, outside_code));
+    }
+    lines
+}
+
+/// The anchor GitHub gives a heading: lower case, punctuation dropped but `-` and `_`, spaces
+/// made `-`.
+fn slug(heading: &str) -> String {
+    // A link in a heading counts by its text.
+    let mut text = String::new();
+    let mut rest = heading;
+    while let Some(start) = rest.find("](") {
+        let end = rest[start..]
+            .find(')')
+            .map_or(rest.len(), |end| start + end + 1);
+        text.push_str(&rest[..start]);
+        rest = &rest[end..];
+    }
+    text.push_str(rest);
+    text.trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings; a repeated heading's get `-1`, `-2`, ...
+fn anchors(text: &str) -> HashSet<String> {
+    let mut anchors = HashSet::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        }
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        if in_code || !heading.trim_start_matches('#').starts_with(' ') {
+            continue;
+        }
+        let base = slug(heading.trim_start_matches('#'));
+        let mut anchor = base.clone();
+        let mut repeat = 0;
+        while !anchors.insert(anchor.clone()) {
+            repeat += 1;
+            anchor = format!("{base}-{repeat}");
+        }
+    }
+    anchors
+}
+
+/// The targets of a line's inline links and images, and of a link reference definition.
+fn link_targets(line: &str) -> Vec<&str> {
+    let mut targets = vec![];
+    let mut rest = line;
+    while let Some(start) = rest.find("](") {
+        rest = &rest[start + 2..];
+        let end = rest.find(')').unwrap_or(rest.len());
+        targets.push(rest[..end].split_whitespace().next().unwrap_or(""));
+        rest = &rest[end..];
+    }
+    if let Some(definition) = line.trim_start().strip_prefix('[') {
+        if let Some((_, target)) = definition.split_once("]: ") {
+            targets.push(target.split_whitespace().next().unwrap_or(""));
+        }
+    }
+    targets
+}
+
+/// `path` with its `.` and `..` parts resolved, without asking the file system.
+fn normalized(path: &Path) -> PathBuf {
+    let mut parts = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                parts.pop();
+            }
+            Component::CurDir => {}
+            other => parts.push(other),
+        }
+    }
+    parts
+}
+
+/// The file or folder a relative link of `file` points to, and its anchor.
+fn resolve<'a>(file: &Path, target: &'a str) -> (PathBuf, Option<&'a str>) {
+    let (path, anchor) = match target.split_once('#') {
+        Some((path, anchor)) => (path, Some(anchor)),
+        None => (target, None),
+    };
+    let resolved = if path.is_empty() {
+        file.to_path_buf()
+    } else {
+        normalized(&file.parent().unwrap().join(path))
+    };
+    (resolved, anchor)
+}
+
+fn is_external(target: &str) -> bool {
+    ["http://", "https://", "mailto:"]
+        .iter()
+        .any(|scheme| target.starts_with(scheme))
+}
+
+/// Every relative link of `files` that names nothing, one line each: the file (relative to
+/// `root`), the line, the target and what is wrong.
+fn broken_links(root: &Path, files: &[PathBuf]) -> Vec<String> {
+    let mut broken = vec![];
+    for file in files {
+        let text = fs::read_to_string(file).unwrap();
+        let shown = file.strip_prefix(root).unwrap().display();
+        for (number, line) in prose_lines(&text) {
+            for target in link_targets(&line) {
+                if is_external(target) {
+                    continue;
+                }
+                let (path, anchor) = resolve(file, target);
+                if !path.starts_with(root) || !path.exists() {
+                    broken.push(format!("{shown}:{number}: ({target}) names no file"));
+                    continue;
+                }
+                let Some(anchor) = anchor else { continue };
+                let is_markdown = path.extension().is_some_and(|ext| ext == "md");
+                let headings = if is_markdown {
+                    anchors(&fs::read_to_string(&path).unwrap())
+                } else {
+                    HashSet::new()
+                };
+                if !headings.contains(anchor) {
+                    broken.push(format!(
+                        "{shown}:{number}: ({target}) names no heading of {}",
+                        path.strip_prefix(root).unwrap().display()
+                    ));
+                }
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn every_relative_link_names_a_file_and_a_heading_that_exist() {
+    let root = root();
+    let files = markdown_files(&root);
+    let shown: Vec<String> = files
+        .iter()
+        .map(|file| file.strip_prefix(&root).unwrap().display().to_string())
+        .collect();
+    for expected in ["README.md", "docs/functions.md", "docs/development.md"] {
+        assert!(shown.iter().any(|file| file == expected), "{shown:?}");
+    }
+    let broken = broken_links(&root, &files);
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn a_link_to_a_missing_file_or_heading_is_reported() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("docs-links");
+    let _ = fs::remove_dir_all(&root);
+    fs::create_dir_all(root.join("docs")).unwrap();
+    fs::write(
+        root.join("README.md"),
+        "# snowid\n\nSee [the functions](docs/functions.md#snowid_next-returns-bigint), \
+         [errors](docs/functions.md#errors) and [leases](docs/leases.md).\n\n\
+         ```\n[not a link](nowhere.md)\n```\n\n`[nor this](nowhere.md)`\n",
+    )
+    .unwrap();
+    fs::write(
+        root.join("docs/functions.md"),
+        "# Functions\n\n## `snowid_next() RETURNS bigint`\n\nBack to [the README](../README.md#snowid) \
+         and [this page](#functions), [once more](#functions-1).\n",
+    )
+    .unwrap();
+    let files = markdown_files(&root);
+    assert_eq!(
+        broken_links(&root, &files),
+        [
+            "README.md:3: (docs/functions.md#errors) names no heading of docs/functions.md",
+            "README.md:3: (docs/leases.md) names no file",
+            "docs/functions.md:5: (#functions-1) names no heading of docs/functions.md",
+        ]
+    );
+}
+
+#[test]
+fn headings_make_the_anchors_github_makes() {
+    let text = "# snowid\n## Upgrading to 0.7.0\n### `snowid_handover(worker_id integer) RETURNS text`\n\
+                ## Clients: JSON and JavaScript\n## Growth on PostgreSQL 15\n## Growth on PostgreSQL 15\n\
+                ```\n# not a heading\n```\n#not a heading either\n";
+    let mut found: Vec<String> = anchors(text).into_iter().collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "clients-json-and-javascript",
+            "growth-on-postgresql-15",
+            "growth-on-postgresql-15-1",
+            "snowid",
+            "snowid_handoverworker_id-integer-returns-text",
+            "upgrading-to-070",
+        ]
+    );
+}
+
+#[test]
+fn every_psql_example_is_in_an_expected_output() {
+    let trimmed = |text: &str| {
+        text.lines()
+            .map(str::trim_end)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let expected_dir = root().join("tests/regress/expected");
+    let expected: Vec<String> = fs::read_dir(expected_dir)
+        .unwrap()
+        .map(|entry| trimmed(&fs::read_to_string(entry.unwrap().path()).unwrap()))
+        .collect();
+    let mut examples = 0;
+    let mut missing = vec![];
+    for file in markdown_files(&root()) {
+        let text = fs::read_to_string(&file).unwrap();
+        for example in text.split("```psql\n").skip(1) {
+            let example = trimmed(example.split("```").next().unwrap());
+            examples += 1;
+            if !expected.iter().any(|output| output.contains(&example)) {
+                missing.push(format!("{}:\n{example}", file.display()));
+            }
+        }
+    }
+    assert!(examples >= 18, "only {examples} ```psql blocks found");
+    assert!(
+        missing.is_empty(),
+        "examples not found in tests/regress/expected:\n{}",
+        missing.join("\n\n")
+    );
+}
+
+/// Each file of a benchmark's results, and each fault-schedule report, is linked from the
+/// documentation, which quotes them rather than copying them.
+#[test]
+fn every_benchmark_result_is_linked_from_the_docs() {
+    let root = root();
+    let mut linked = HashSet::new();
+    for file in markdown_files(&root) {
+        for (_, line) in prose_lines(&fs::read_to_string(&file).unwrap()) {
+            for target in link_targets(&line) {
+                if !is_external(target) {
+                    let (path, _) = resolve(&file, target);
+                    linked.insert(path.to_string_lossy().trim_end_matches('/').to_string());
+                }
+            }
+        }
+    }
+    let results = root.join("benches/results");
+    let mut unlinked = vec![];
+    for major in fs::read_dir(&results).unwrap() {
+        let major = major.unwrap().path();
+        let nemesis = major.ends_with("nemesis");
+        for entry in fs::read_dir(&major).unwrap() {
+            let path = entry.unwrap().path();
+            let result = if nemesis {
+                true
+            } else {
+                path.extension()
+                    .is_some_and(|ext| ext == "md" || ext == "png")
+            };
+            if result && !linked.contains(&*path.to_string_lossy()) {
+                unlinked.push(path.strip_prefix(&root).unwrap().display().to_string());
+            }
+        }
+    }
+    unlinked.sort();
+    assert!(
+        unlinked.is_empty(),
+        "not linked from any page: {unlinked:?}"
+    );
+}
