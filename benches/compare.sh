@@ -7,18 +7,18 @@
 # the checkout's build installed.
 set -euo pipefail
 usage="usage: benches/compare.sh BASE [--rounds N] [--ids N]"
-[ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+[ $# -ge 1 ] || usage_error "$usage" "BASE is missing"
 base_rev=$1
 shift
 rounds=5 ids=2000000
-source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 read_options "$usage" --rounds=rounds --ids=ids -- "$@"
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || usage_error "$usage" "--rounds $rounds is not a positive number"
 [[ $ids =~ ^[1-9][0-9]*$ ]] || usage_error "$usage" "--ids $ids is not a positive number"
 prepare build
 cd "$REPO"
 base_commit=$(git rev-parse --verify --quiet "$base_rev^{commit}") ||
-    { echo "compare.sh: $base_rev is not a commit of this repository" >&2; exit 2; }
+    usage_error "$usage" "$base_rev is not a commit of this repository"
 
 # package DIR OUT: the release build of the checkout in DIR, laid out under OUT as it installs.
 package() {

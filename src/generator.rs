@@ -182,7 +182,7 @@ impl IssuingState {
             match next(last, now, wanted) {
                 Next::Take(run) => {
                     if let ControlFlow::Break(issued) =
-                        self.try_claim(clock, waiter, last, now, run, &mut ceiling_poll)
+                        self.try_take(clock, waiter, last, now, run, &mut ceiling_poll)
                     {
                         return issued;
                     }
@@ -228,9 +228,9 @@ impl IssuingState {
         }
     }
 
-    /// Claims `run` (stamps after `last`, in the millisecond `now`) if the gate lets it through, or
+    /// Takes `run` (stamps after `last`, in the millisecond `now`) if the gate lets it through, or
     /// waits at the ceiling for the lease worker to move it on; `Continue` to read the clock again.
-    fn try_claim(
+    fn try_take(
         &self,
         clock: &impl Clock,
         waiter: &impl Waiter,
@@ -529,7 +529,9 @@ mod tests {
 
     /// A state whose gate is open for worker id 17 without limits.
     fn leased() -> IssuingState {
-        granted(OPEN, &[T]).0
+        let state = IssuingState::default();
+        state.open_gate(&OPEN);
+        state
     }
 
     /// A state whose gate `grant` opened, a clock that reads `readings` and then what a test

@@ -228,7 +228,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_rows_become_claims() {
+    fn registry_rows_become_verdicts() {
         assert_eq!(
             granted_row(Some(500), false).verdict(),
             Verdict::Granted(Granted {

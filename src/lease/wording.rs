@@ -220,21 +220,21 @@ mod tests {
         status.state = State::RegistryUnreachable;
         status.unreachable_since = 1_795_953_600_000;
         status.last_error = Text::new("connection refused");
-        // The reason and the hint, at `now_ns` on the monotonic clock.
-        let reason_and_hint = |status: &Status, now_ns| {
+        // The reason and the hint for worker id 7, at `now_ns` on the monotonic clock.
+        let reason_and_hint_at = |status: &Status, now_ns| {
             [
                 refusal_reason(status, Some(7), now_ns),
                 refusal_hint(status, Some(7)),
             ]
         };
-        assert_eq!(reason_and_hint(&status, 0), [
+        assert_eq!(reason_and_hint_at(&status, 0), [
             "the lease registry has been unreachable since 2026-11-29 12:00:00.000 UTC, and the lease on worker id 7 has run out: connection refused",
             "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.",
         ]);
         status.state = State::Held;
         status.renewed_ns = 7_000_000_000;
         status.last_error = Text::default();
-        assert_eq!(reason_and_hint(&status, 9_504_999_999), [
+        assert_eq!(reason_and_hint_at(&status, 9_504_999_999), [
             "the lease on worker id 7 ran out: the lease worker has not renewed it for 2.50 s",
             "The lease worker is held up (stopped, or starved of CPU or disk); issuing resumes by itself once it renews the lease. The server log says more.",
         ]);

@@ -94,8 +94,7 @@ fn rows_after(printed: &str, statement: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn is_running(pid_file: &Path) -> bool {
-    let pid = fs::read_to_string(pid_file).unwrap();
+fn is_running(pid: &str) -> bool {
     Path::new(&format!("/proc/{}", pid.trim())).exists()
 }
 
@@ -178,23 +177,28 @@ fn the_patroni_demo_gives_each_node_its_own_worker_id_and_switches_over() {
             ["lamp", node2.as_str(), "2"]
         ]
     );
+    // Patroni's, etcd's and each postmaster's process, all running until the demo is stopped.
     let pid_files = [
         patroni.join("node1/patroni.pid"),
         patroni.join("node2/patroni.pid"),
         patroni.join("etcd.pid"),
+        patroni.join("node1/data/postmaster.pid"),
+        patroni.join("node2/data/postmaster.pid"),
     ];
     let pids: Vec<String> = pid_files
         .iter()
         .map(|file| {
-            assert!(is_running(file), "{}", file.display());
-            fs::read_to_string(file).unwrap()
+            let pid = fs::read_to_string(file).unwrap();
+            let pid = pid.lines().next().unwrap().to_string();
+            assert!(is_running(&pid), "{}: {pid}", file.display());
+            pid
         })
         .collect();
+    let patroni_pid = &pids[0];
+    let command = fs::read_to_string(format!("/proc/{patroni_pid}/cmdline")).unwrap();
+    assert!(command.contains("patroni"), "{command}");
     demo.run(&["stop"]);
     for pid in pids {
-        assert!(
-            !Path::new(&format!("/proc/{}", pid.trim())).exists(),
-            "{pid}"
-        );
+        assert!(!is_running(&pid), "{pid}");
     }
 }
