@@ -34,28 +34,50 @@ fn markdown_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Each line of `text` with its number, blank inside fenced code blocks and with inline code
-/// removed: the prose whose links count.
+/// Each line of `text` with its number, but those of fenced code blocks, with inline code blanked
+/// out: the prose whose links count. A code span may run onto the next line, and opens and closes
+/// with runs of as many backticks.
 fn prose_lines(text: &str) -> Vec<(usize, String)> {
-    let mut in_code = false;
-    let mut lines = vec![];
-    for (index, line) in text.lines().enumerate() {
+    let mut in_fence = false;
+    let mut prose = String::new();
+    for line in text.lines() {
         if line.trim_start().starts_with("```") {
-            in_code = !in_code;
-            continue;
+            in_fence = !in_fence;
+            prose.push('\n');
+        } else if in_fence {
+            prose.push('\n');
+        } else {
+            prose.push_str(line);
+            prose.push('\n');
         }
-        if in_code {
-            continue;
-        }
-        let outside_code: String = line
-            .split('`')
-            .enumerate()
-            .filter(|(part, _)| part % 2 == 0)
-            .map(|(_, text)| text)
-            .collect();
-        lines.push((index + 1, outside_code));
     }
-    lines
+    // The length of the backtick run that opened the code span we are in, if any.
+    let mut open: Option<usize> = None;
+    let mut outside = String::new();
+    let mut chars = prose.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '`' {
+            let mut run = 1;
+            while chars.next_if_eq(&'`').is_some() {
+                run += 1;
+            }
+            open = match open {
+                None => Some(run),
+                Some(opened) if opened == run => None,
+                still => still,
+            };
+            outside.push_str(&" ".repeat(run));
+        } else if open.is_some() && c != '\n' {
+            outside.push(' ');
+        } else {
+            outside.push(c);
+        }
+    }
+    outside
+        .lines()
+        .enumerate()
+        .map(|(index, line)| (index + 1, line.to_string()))
+        .collect()
 }
 
 /// The anchor GitHub gives a heading: lower case, punctuation dropped but `-` and `_`, spaces
@@ -218,7 +240,8 @@ fn a_link_to_a_missing_file_or_heading_is_reported() {
         root.join("README.md"),
         "# snowid\n\nSee [the functions](docs/functions.md#snowid_next-returns-bigint), \
          [errors](docs/functions.md#errors) and [leases](docs/leases.md).\n\n\
-         ```\n[not a link](nowhere.md)\n```\n\n`[nor this](nowhere.md)`\n",
+         ```\n[not a link](nowhere.md)\n```\n\n`[nor this](nowhere.md)`, nor a `span that\n\
+         runs on [here](nowhere.md)`, but ``two `ticks` [and](then.md)`` [this](after.md).\n",
     )
     .unwrap();
     fs::write(
@@ -233,6 +256,7 @@ fn a_link_to_a_missing_file_or_heading_is_reported() {
         [
             "README.md:3: (docs/functions.md#errors) names no heading of docs/functions.md",
             "README.md:3: (docs/leases.md) names no file",
+            "README.md:10: (after.md) names no file",
             "docs/functions.md:5: (#functions-1) names no heading of docs/functions.md",
         ]
     );
@@ -278,7 +302,12 @@ fn every_psql_example_is_in_an_expected_output() {
         for example in text.split("```psql\n").skip(1) {
             let example = trimmed(example.split("```").next().unwrap());
             examples += 1;
-            if !expected.iter().any(|output| output.contains(&example)) {
+            // The block stands in an output as whole lines.
+            let lines = format!("\n{example}\n");
+            if !expected
+                .iter()
+                .any(|output| format!("\n{output}\n").contains(&lines))
+            {
                 missing.push(format!("{}:\n{example}", file.display()));
             }
         }
@@ -291,40 +320,50 @@ fn every_psql_example_is_in_an_expected_output() {
     );
 }
 
-/// Each file of a benchmark's results, and each fault-schedule report, is linked from the
-/// documentation, which quotes them rather than copying them.
+/// The results of `dir` that a page must link: each fault-schedule report's folder, and every
+/// other Markdown file and chart, in subfolders too.
+fn results_below(dir: &Path) -> Vec<PathBuf> {
+    let mut results = vec![];
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.parent().unwrap().ends_with("nemesis") {
+            results.push(path);
+        } else if path.is_dir() {
+            results.extend(results_below(&path));
+        } else if path
+            .extension()
+            .is_some_and(|ext| ext == "md" || ext == "png")
+        {
+            results.push(path);
+        }
+    }
+    results
+}
+
+/// Each file of a benchmark's results, and each fault-schedule report, is linked from a page of
+/// the documentation, which quotes them rather than copying them.
 #[test]
 fn every_benchmark_result_is_linked_from_the_docs() {
     let root = root();
+    let results = root.join("benches/results");
     let mut linked = HashSet::new();
     for file in markdown_files(&root) {
+        if file.starts_with(&results) {
+            continue;
+        }
         for (_, line) in prose_lines(&fs::read_to_string(&file).unwrap()) {
             for target in link_targets(&line) {
                 if !is_external(target) {
-                    let (path, _) = resolve(&file, target);
-                    linked.insert(path.to_string_lossy().trim_end_matches('/').to_string());
+                    linked.insert(resolve(&file, target).0);
                 }
             }
         }
     }
-    let results = root.join("benches/results");
-    let mut unlinked = vec![];
-    for major in fs::read_dir(&results).unwrap() {
-        let major = major.unwrap().path();
-        let nemesis = major.ends_with("nemesis");
-        for entry in fs::read_dir(&major).unwrap() {
-            let path = entry.unwrap().path();
-            let result = if nemesis {
-                true
-            } else {
-                path.extension()
-                    .is_some_and(|ext| ext == "md" || ext == "png")
-            };
-            if result && !linked.contains(&*path.to_string_lossy()) {
-                unlinked.push(path.strip_prefix(&root).unwrap().display().to_string());
-            }
-        }
-    }
+    let mut unlinked: Vec<String> = results_below(&results)
+        .into_iter()
+        .filter(|result| !linked.contains(result))
+        .map(|result| result.strip_prefix(&root).unwrap().display().to_string())
+        .collect();
     unlinked.sort();
     assert!(
         unlinked.is_empty(),
