@@ -79,9 +79,7 @@ stop_patroni_demo() {
         # Patroni stops its PostgreSQL when it stops; a postmaster left behind all the same is
         # stopped here.
         stop_by_pid_file "$patroni_dir/node$number/patroni.pid"
-        if [ -f "$patroni_dir/node$number/data/postmaster.pid" ]; then
-            runuser -u postgres -- "$bindir/pg_ctl" -D "$patroni_dir/node$number/data" -m fast stop >/dev/null || true
-        fi
+        stop_cluster "$patroni_dir/node$number"
     done
     stop_by_pid_file "$patroni_dir/etcd.pid"
 }
@@ -161,7 +159,7 @@ SQL
     psql_at "$pg_port1" <<<"SELECT worker_id, lease_state, in_recovery FROM snowid_status();"
     psql_at "$pg_port2" <<<"SELECT worker_id, lease_state, in_recovery FROM snowid_status();"
     echo "==> a switchover to node2, which issues under its own worker id at once"
-    runuser -u postgres -- patronictl -c "$patroni_dir/node1/patroni.yml" switchover \
+    as_cluster_owner patronictl -c "$patroni_dir/node1/patroni.yml" switchover \
         --leader node1 --candidate node2 --force >"$patroni_dir/switchover.log" 2>&1 ||
         { cat "$patroni_dir/switchover.log" >&2; false; }
     wait_for "node2 becoming the primary" recovery_is "$pg_port2" f

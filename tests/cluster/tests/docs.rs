@@ -34,23 +34,28 @@ fn markdown_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The lines of `text`, each fenced code block's lines (its fences too) left empty.
+fn outside_fences(text: &str) -> Vec<&str> {
+    let mut in_fence = false;
+    text.lines()
+        .map(|line| {
+            if line.trim_start().starts_with("```") {
+                in_fence = !in_fence;
+                ""
+            } else if in_fence {
+                ""
+            } else {
+                line
+            }
+        })
+        .collect()
+}
+
 /// Each line of `text` with its number, but those of fenced code blocks, with inline code blanked
 /// out: the prose whose links count. A code span may run onto the next line, and opens and closes
 /// with runs of as many backticks.
 fn prose_lines(text: &str) -> Vec<(usize, String)> {
-    let mut in_fence = false;
-    let mut prose = String::new();
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_fence = !in_fence;
-            prose.push('\n');
-        } else if in_fence {
-            prose.push('\n');
-        } else {
-            prose.push_str(line);
-            prose.push('\n');
-        }
-    }
+    let prose = outside_fences(text).join("\n");
     // The length of the backtick run that opened the code span we are in, if any.
     let mut open: Option<usize> = None;
     let mut outside = String::new();
@@ -105,15 +110,11 @@ fn slug(heading: &str) -> String {
 /// The anchors of a Markdown file's headings; a repeated heading's get `-1`, `-2`, ...
 fn anchors(text: &str) -> HashSet<String> {
     let mut anchors = HashSet::new();
-    let mut in_code = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_code = !in_code;
-        }
+    for line in outside_fences(text) {
         let Some(heading) = line.strip_prefix('#') else {
             continue;
         };
-        if in_code || !heading.trim_start_matches('#').starts_with(' ') {
+        if !heading.trim_start_matches('#').starts_with(' ') {
             continue;
         }
         let base = slug(heading.trim_start_matches('#'));
