@@ -242,14 +242,21 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
 }
 
 /// Which node Patroni keeps as the primary once a thawed old primary and the promoted node have
-/// met: `None` when it demoted the promoted node instead (seen with Patroni 3.0.2 and etcd3, when
-/// the thawed node's Patroni writes its leader key back).
-fn kept_primary(cluster: &PatroniCluster) -> Option<()> {
+/// met: node2, with the moment node1 was first seen no longer a primary, or `None` when it demoted
+/// the promoted node instead (seen with Patroni 3.0.2 and etcd3, when the thawed node's Patroni
+/// writes its leader key back). Node1 restarts whichever node Patroni keeps, so only both nodes
+/// answering settle it: node1 down beside a primary node2 is not yet node2 kept.
+fn kept_primary(cluster: &PatroniCluster) -> Option<Instant> {
+    let mut node1_stopped = None;
     let mut kept = None;
     wait_until("one primary", Duration::from_secs(60), || {
-        kept = match (cluster.one.is_primary(), cluster.two.is_primary()) {
+        let (one, two) = (cluster.one.is_primary(), cluster.two.is_primary());
+        if one != Some(true) && two == Some(true) {
+            node1_stopped.get_or_insert_with(Instant::now);
+        }
+        kept = match (one, two) {
             (Some(true), Some(false)) => Some(None),
-            (Some(false) | None, Some(true)) => Some(Some(())),
+            (Some(false), Some(true)) => Some(node1_stopped),
             _ => None,
         };
         kept.is_some()
@@ -327,19 +334,16 @@ fn one_worker_id_stall(
                     application.first_from(two_port, promoted).is_none(),
                     "{what}: node2 issued while node1 renewed its lease"
                 );
-                if fault == Fault::PatroniKilled {
+                stopped = if fault == Fault::PatroniKilled {
                     cluster.one.stop_server_cleanly();
+                    Instant::now()
                 } else {
                     thaw(frozen);
-                    kept_primary(cluster)?;
-                }
-                stopped = Instant::now();
+                    kept_primary(cluster)?
+                };
             }
             // Thawed, node1 issues on while its lease lasts, until Patroni demotes it.
-            Fault::NodeFrozen => {
-                kept_primary(cluster)?;
-                stopped = Instant::now();
-            }
+            Fault::NodeFrozen => stopped = kept_primary(cluster)?,
             Fault::PostmasterKilledUnderInsert => stopped = faulted,
         },
     }
