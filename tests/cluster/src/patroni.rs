@@ -253,6 +253,22 @@ impl Node {
         all
     }
 
+    /// Returns once this node's lease worker has just renewed its lease: its status shows less
+    /// than a second gone of the window a renewal opens. A test that freezes the node then knows
+    /// how much of the lease is left at the thaw, whatever the machine's load. Returns when it saw
+    /// the renewal.
+    pub fn wait_for_a_renewal(&self) -> Instant {
+        let just_renewed = (LEASE_TTL * 5 / 6 - Duration::from_secs(1)).as_secs_f64();
+        wait_until(
+            &format!("{} renewed its lease", self.name),
+            LEASE_TTL,
+            || {
+                self.psql("SELECT lease_seconds_left FROM snowid_status()")
+                    .is_ok_and(|left| left.trim().parse::<f64>().unwrap() > just_renewed)
+            },
+        )
+    }
+
     pub fn patroni_pid(&self) -> u32 {
         self.patroni.as_ref().expect("Patroni runs").pid()
     }

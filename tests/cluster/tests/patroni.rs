@@ -84,7 +84,9 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
         "{what}: node1 issues before the fault"
     );
 
-    // The fault.
+    // The fault. A node is frozen right after its lease worker renewed, so that what is left of
+    // its lease at the thaw is known, whatever the machine's load.
+    let renewed = (fault == Fault::NodeFrozen).then(|| cluster.one.wait_for_a_renewal());
     let frozen: Vec<u32> = match fault {
         Fault::NodeFrozen => {
             let mut all = vec![cluster.one.patroni_pid()];
@@ -124,9 +126,16 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
     let (faulted, faulted_unix_ms) = (Instant::now(), unix_ms());
     let promotion_limit = Duration::from_secs(u64::from(timing.ttl) * 3 + 30);
     let (promoted, promoted_unix_ms) = wait_for_promotion(&cluster.two, promotion_limit);
-    if fault == Fault::NodeFrozen {
+    let mut split_expected = fault != Fault::PostmasterKilledUnderInsert;
+    if let Some(renewed) = renewed {
         std::thread::sleep(Duration::from_secs(1));
-        thaw(&frozen);
+        split_expected = thaw_before_patroni(
+            &cluster,
+            &application,
+            &frozen,
+            (renewed, promoted_unix_ms),
+            &what,
+        );
     }
 
     // The promoted node's first id.
@@ -200,11 +209,10 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
         (WorkerIds::OneForBoth, None) => {}
     }
     match fault {
-        // A real split: the old primary's sessions issued after the promotion. A frozen node's
-        // sessions do while its lease lasts after the thaw; with one worker id on both, it may
-        // have run out by then.
+        // A real split: the old primary's sessions issued after the promotion, wherever its lease
+        // let them (see `thaw_before_patroni`).
         Fault::NodeFrozen | Fault::PatroniAndPostmasterFrozen | Fault::PatroniKilled => {
-            if ids == WorkerIds::PerNode || fault != Fault::NodeFrozen {
+            if split_expected {
                 assert!(
                     !from_one_after.is_empty(),
                     "{what}: node1 issued nothing after the promotion"
@@ -239,6 +247,51 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
             );
         }
     }
+}
+
+/// Thaws a frozen node1 in the order a split brain needs: its postmaster and every server process
+/// first, and its Patroni, which demotes it, only once its sessions have issued after node2's
+/// promotion, so that both primaries issue every time. Returns whether that split was arranged:
+/// always with a worker id per node (nobody else claims node1's) or with the lease table on the
+/// nodes (node2's copy of it names node1 until a handover), and with one worker id on both in a
+/// registry they share when node1 is thawed early enough in its lease (`renewed` is when it was last
+/// seen renewing) for its lease worker to renew before node2 may take the worker id. Otherwise
+/// (Patroni's default timing, which promotes late) it waits until either node issues, and the test
+/// asserts only what holds either way.
+fn thaw_before_patroni(
+    cluster: &PatroniCluster,
+    application: &Application,
+    frozen: &[u32],
+    (renewed, promoted_unix_ms): (Instant, i64),
+    what: &str,
+) -> bool {
+    let (patroni, server) = frozen.split_first().unwrap();
+    let thawed = Instant::now();
+    thaw(server);
+    // The renewal came at most a second before `renewed`, and the worker's first claim after the
+    // thaw must reach the registry before the lease's end, `LEASE_TTL` after that renewal.
+    let lease_runs = thawed < renewed + LEASE_TTL - Duration::from_secs(6);
+    let expected = cluster.shared.ids == WorkerIds::PerNode
+        || cluster.shared.mode == Mode::LeaseTableOnTheNodes
+        || lease_runs;
+    let issued_after_promotion = |port: u16| {
+        application
+            .first_from(port, thawed)
+            .is_some_and(|received| unix_ms_of(received.id) > promoted_unix_ms)
+    };
+    let (one, two) = (cluster.one.port, cluster.two.port);
+    wait_until(
+        &format!("{what}: node1 (or, where no split is arranged, node2) issuing after the thaw"),
+        Duration::from_secs(15),
+        || issued_after_promotion(one) || (!expected && issued_after_promotion(two)),
+    );
+    thaw(&[*patroni]);
+    println!(
+        "{what}: node1 thawed {:.1} s after its last renewal, its Patroni once {} issued",
+        (thawed - renewed).as_secs_f64(),
+        if issued_after_promotion(one) { "node1" } else { "node2" }
+    );
+    expected
 }
 
 /// Which node Patroni keeps as the primary once a thawed old primary and the promoted node have
