@@ -12,7 +12,8 @@
 # major: every unit test and #[pg_test], the cluster tests of nextest's per-major profile (which
 # names them and says why, in tests/cluster/.config/nextest.toml), and the package.
 #
-# Every run ends, passed or failed, with where its time went: each step's time and count of tests
+# It starts by removing what a killed run of its own left (scripts/leftovers.sh). Every run ends,
+# passed or failed, with where its time went: each step's time and count of tests
 # per major, and the slowest cluster tests (scripts/timings.py).
 set -euo pipefail
 
@@ -51,10 +52,12 @@ step=("${PG_MAJOR:-15}" set-up "$SECONDS")
 trap 'end_step; python3 "$scripts/timings.py" "$times" || true' EXIT
 
 source "$scripts/lib.sh"
+source "$scripts/leftovers.sh"
 prepare test
 step[0]=$PG_MAJOR
 end_step
 cd "$REPO"
+remove_leftovers
 
 # unit_and_pg_tests MAJOR: the unit and property tests and the #[pg_test]s, in a server that
 # preloads snowid; the output is kept for the count of tests.
@@ -63,6 +66,12 @@ unit_and_pg_tests() {
     echo "==> PostgreSQL $major: unit, property and #[pg_test] tests"
     if is_root; then
         local pgdata=/tmp/snowid-pgrx-test-$major
+        # A killed run's server there would keep the port cargo pgrx test wants.
+        if [ -f "$pgdata/data/postmaster.pid" ]; then
+            kill -CONT "$(head -n 1 "$pgdata/data/postmaster.pid")" 2>/dev/null || true
+            as_cluster_owner "$("$PG_CONFIG" --bindir)/pg_ctl" -D "$pgdata/data" -m immediate -w stop \
+                >/dev/null 2>&1 || true
+        fi
         rm -rf "$pgdata" && mkdir -p "$pgdata" && chown postgres:postgres "$pgdata"
         args=(--runas postgres --pgdata "$pgdata/data")
     fi

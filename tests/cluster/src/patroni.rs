@@ -264,7 +264,11 @@ impl Node {
             LEASE_TTL,
             || {
                 self.psql("SELECT lease_seconds_left FROM snowid_status()")
-                    .is_ok_and(|left| left.trim().parse::<f64>().unwrap() > just_renewed)
+                    .is_ok_and(|left| {
+                        left.trim()
+                            .parse()
+                            .is_ok_and(|left: f64| left > just_renewed)
+                    })
             },
         )
     }

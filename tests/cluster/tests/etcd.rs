@@ -23,11 +23,33 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-fn directory(name: &str) -> PathBuf {
+/// A test's directory for its etcd members, their logs and certificates: removed once the test is
+/// over, or kept for its logs when it failed (scripts/test.sh removes it at its next start).
+struct Directory(PathBuf);
+
+impl std::ops::Deref for Directory {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for Directory {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the etcd members' logs: {}", self.0.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Declared before the etcd cluster it holds, so that it is dropped after it.
+fn directory(name: &str) -> Directory {
     let dir = std::env::temp_dir().join(format!("snowid-etcd-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
-    dir
+    Directory(dir)
 }
 
 fn registry(etcd: &EtcdCluster) -> String {
@@ -47,7 +69,8 @@ fn node(name: &str, worker_id: Option<u16>, registry: &str, ttl_s: u32) -> Node 
 
 /// A three-member etcd cluster and, on it, a node named `name` as [`node`] starts it.
 fn etcd_with_node(name: &str, worker_id: u16, ttl_s: u32) -> (EtcdCluster, Node) {
-    let etcd = EtcdCluster::start(&directory(name), 3, None);
+    let dir = directory(name);
+    let etcd = EtcdCluster::start(&dir, 3, None);
     let node = node(name, Some(worker_id), &registry(&etcd), ttl_s);
     (etcd, node)
 }
@@ -184,7 +207,8 @@ fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
 
 #[test]
 fn a_second_server_is_refused_naming_the_holder_and_takes_over_above_the_mark_once_it_died() {
-    let etcd = EtcdCluster::start(&directory("takeover"), 3, None);
+    let dir = directory("takeover");
+    let etcd = EtcdCluster::start(&dir, 3, None);
     let registry = registry(&etcd);
     let first = node("first", Some(7), &registry, 6);
     let second = Node::start("second", Some(7), &registry, &["snowid.lease_ttl = 6"]);
@@ -238,7 +262,8 @@ fn a_second_server_is_refused_naming_the_holder_and_takes_over_above_the_mark_on
 
 #[test]
 fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
-    let etcd = EtcdCluster::start(&directory("any"), 3, None);
+    let dir = directory("any");
+    let etcd = EtcdCluster::start(&dir, 3, None);
     let registry = registry(&etcd);
     let nodes: Vec<Node> = (1..=4)
         .map(|number| Node::start(&format!("any{number}"), None, &registry, &[]))
@@ -299,7 +324,8 @@ fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
 #[test]
 fn keys_wiped_and_written_back_from_an_earlier_copy_under_a_running_fleet_grant_no_worker_id_twice()
 {
-    let etcd = EtcdCluster::start(&directory("written-back"), 3, None);
+    let dir = directory("written-back");
+    let etcd = EtcdCluster::start(&dir, 3, None);
     let registry = registry(&etcd);
     // Every key as `etcdctl get` printed it when the copy was taken: key and value lines.
     let copy = RefCell::new(String::new());
@@ -349,7 +375,8 @@ fn keys_wiped_and_written_back_from_an_earlier_copy_under_a_running_fleet_grant_
 
 #[test]
 fn killing_etcds_leader_while_nodes_issue_refuses_no_call() {
-    let mut etcd = EtcdCluster::start(&directory("leader"), 3, None);
+    let dir = directory("leader");
+    let mut etcd = EtcdCluster::start(&dir, 3, None);
     let registry = registry(&etcd);
     // etcd takes 1 to 3 s to elect a new leader: a time-to-live of 10 s leaves room for it.
     let one = node("leader1", Some(1), &registry, 10);
@@ -419,7 +446,8 @@ fn killing_etcds_leader_while_nodes_issue_refuses_no_call() {
 
 #[test]
 fn with_every_member_frozen_past_the_lease_nodes_issue_until_their_deadline_then_resume() {
-    let etcd = EtcdCluster::start(&directory("frozen"), 3, None);
+    let dir = directory("frozen");
+    let etcd = EtcdCluster::start(&dir, 3, None);
     let registry = registry(&etcd);
     // Renewed every 2 s, a lease of 6 s lets the node issue for 5 s after its last claim was sent.
     let node = node("frozen", Some(3), &registry, 6);
@@ -656,7 +684,8 @@ fn tls_with_client_certificates_and_user_authentication() {
 
 #[test]
 fn a_member_that_never_answers_holds_up_neither_claims_nor_the_workers_stop() {
-    let etcd = EtcdCluster::start(&directory("silent"), 3, None);
+    let dir = directory("silent");
+    let etcd = EtcdCluster::start(&dir, 3, None);
     // Accepts connections (the kernel completes them) and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let registry = format!(

@@ -518,7 +518,22 @@ fn a_statement_timeout_ends_a_clock_wait_at_once() {
     let (waited, status_took) = std::thread::scope(|scope| {
         let status = scope.spawn(|| {
             let mut other = cluster.connect();
-            std::thread::sleep(Duration::from_millis(200));
+            // Asked while the call waits for the clock, however late the call reaches the server.
+            wait_for(
+                "snowid_next() waiting for the clock",
+                Duration::from_secs(5),
+                || {
+                    other
+                        .query_one(
+                            "SELECT count(*) FROM pg_stat_activity \
+                         WHERE state = 'active' AND query = 'SELECT snowid_next()'",
+                            &[],
+                        )
+                        .unwrap()
+                        .get::<_, i64>(0)
+                        == 1
+                },
+            );
             let asked = Instant::now();
             other
                 .query_one("SELECT * FROM snowid_status()", &[])
