@@ -240,17 +240,35 @@ impl Node {
         let Some(postmaster) = self.postmaster_pid() else {
             return vec![];
         };
-        let children = Command::new("pgrep")
-            .args(["-P", &postmaster.to_string()])
-            .output()
-            .unwrap();
         let mut all = vec![postmaster];
-        all.extend(
-            String::from_utf8_lossy(&children.stdout)
-                .split_whitespace()
-                .map(|pid| pid.parse::<u32>().unwrap()),
-        );
+        all.extend(children_of(postmaster));
         all
+    }
+
+    /// Stops (SIGSTOP) this node's Patroni, its postmaster, then every process the postmaster had
+    /// started, and returns them in that order. The postmaster is stopped first, so that it starts
+    /// no process after the look at its children; a child that exited before its turn (the backend
+    /// of a session that just ended) is left out, as it can issue nothing.
+    pub fn freeze(&self) -> Vec<u32> {
+        let postmaster = self.postmaster_pid().expect("node's postmaster runs");
+        let mut frozen = vec![self.patroni_pid(), postmaster];
+        crate::signal_all(&frozen, "-STOP");
+        for child in children_of(postmaster) {
+            let stopped = Command::new("kill")
+                .args(["-STOP", &child.to_string()])
+                .stderr(Stdio::null())
+                .status()
+                .unwrap();
+            if stopped.success() {
+                frozen.push(child);
+            } else {
+                assert!(
+                    !std::path::Path::new(&format!("/proc/{child}")).exists(),
+                    "kill -STOP {child} failed, and it runs"
+                );
+            }
+        }
+        frozen
     }
 
     /// Returns once this node's lease worker has just renewed its lease: its status shows less
@@ -714,6 +732,17 @@ pub fn registry_server() -> Cluster {
 
 /// Thaws the processes `frozen`, those that still exist: the thawed postmaster may reap a child
 /// that had exited before the freeze.
+fn children_of(pid: u32) -> Vec<u32> {
+    let children = Command::new("pgrep")
+        .args(["-P", &pid.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&children.stdout)
+        .split_whitespace()
+        .map(|pid| pid.parse().unwrap())
+        .collect()
+}
+
 pub fn thaw(frozen: &[u32]) {
     for &pid in frozen {
         let _ = Command::new("kill")

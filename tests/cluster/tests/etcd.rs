@@ -67,12 +67,13 @@ fn node(name: &str, worker_id: Option<u16>, registry: &str, ttl_s: u32) -> Node 
     node
 }
 
-/// A three-member etcd cluster and, on it, a node named `name` as [`node`] starts it.
-fn etcd_with_node(name: &str, worker_id: u16, ttl_s: u32) -> (EtcdCluster, Node) {
+/// A three-member etcd cluster in its directory and, on it, a node named `name` as [`node`] starts
+/// it; bound in this order, so that they are dropped the other way round.
+fn etcd_with_node(name: &str, worker_id: u16, ttl_s: u32) -> (Directory, EtcdCluster, Node) {
     let dir = directory(name);
     let etcd = EtcdCluster::start(&dir, 3, None);
     let node = node(name, Some(worker_id), &registry(&etcd), ttl_s);
-    (etcd, node)
+    (dir, etcd, node)
 }
 
 /// `snowid_status()`: lease_state, worker_id, lease_holder, registry, last_error.
@@ -104,7 +105,7 @@ fn try_mark(etcd: &EtcdCluster, worker_id: u16) -> Option<i64> {
 
 #[test]
 fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
-    let (etcd, node) = etcd_with_node("keys", 5, 6);
+    let (_dir, etcd, node) = etcd_with_node("keys", 5, 6);
     let mut client = node.cluster.connect();
     let (state, worker_id, holder, shown, error) = status(&mut client);
     assert_eq!(
@@ -753,7 +754,7 @@ fn a_member_that_never_answers_holds_up_neither_claims_nor_the_workers_stop() {
 #[test]
 fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the_lease() {
     const TTL_S: u64 = 6;
-    let (etcd, primary) = etcd_with_node("shared", 9, TTL_S as u32);
+    let (_dir, etcd, primary) = etcd_with_node("shared", 9, TTL_S as u32);
     let mut on_primary = primary.cluster.connect();
     let mut ids: Vec<i64> = (0..20).map(|_| next_id(&mut on_primary).unwrap()).collect();
     // The standby is configured as its primary is: with worker id 9.
@@ -835,7 +836,7 @@ fn a_standby_with_its_primarys_worker_id_says_so_and_once_promoted_waits_for_the
 #[test]
 fn a_copy_of_a_node_holding_its_keys_is_named_and_never_taken_from() {
     const TTL_S: u64 = 6;
-    let (etcd, original) = etcd_with_node("identity", 8, TTL_S as u32);
+    let (_dir, etcd, original) = etcd_with_node("identity", 8, TTL_S as u32);
     let mut client = original.cluster.connect();
     let ids: Vec<i64> = (0..20).map(|_| next_id(&mut client).unwrap()).collect();
     let record = etcd.get("/snowid/holders/8").unwrap();

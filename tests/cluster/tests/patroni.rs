@@ -20,7 +20,7 @@
 
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
 use snowid_cluster_tests::patroni::*;
-use snowid_cluster_tests::{assert_success, free_port, scenario_tests, signal};
+use snowid_cluster_tests::{assert_success, free_port, scenario_tests, signal, signal_all};
 use std::fs;
 use std::path::Path;
 use std::process::Command;
@@ -88,20 +88,17 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
     // its lease at the thaw is known, whatever the machine's load.
     let renewed = (fault == Fault::NodeFrozen).then(|| cluster.one.wait_for_a_renewal());
     let frozen: Vec<u32> = match fault {
-        Fault::NodeFrozen => {
-            let mut all = vec![cluster.one.patroni_pid()];
-            all.extend(cluster.one.server_processes());
-            all
+        Fault::NodeFrozen => cluster.one.freeze(),
+        Fault::PatroniAndPostmasterFrozen => {
+            let pids = vec![
+                cluster.one.patroni_pid(),
+                cluster.one.postmaster_pid().unwrap(),
+            ];
+            signal_all(&pids, "-STOP");
+            pids
         }
-        Fault::PatroniAndPostmasterFrozen => vec![
-            cluster.one.patroni_pid(),
-            cluster.one.postmaster_pid().unwrap(),
-        ],
         Fault::PatroniKilled | Fault::PostmasterKilledUnderInsert => vec![],
     };
-    for &pid in &frozen {
-        signal(pid, "-STOP");
-    }
     let mut long_insert = None;
     match fault {
         Fault::PatroniKilled => {
