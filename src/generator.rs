@@ -2,6 +2,9 @@
 //!
 //! One 64-bit word holds the last stamp issued. A caller reads the word and the clock, works out the
 //! next free stamps, and claims them with a compare-and-swap; whoever loses the race reads again.
+//! The word's spare bits carry the gate's generation, which every opening and closing of the gate
+//! changes, so that a claim whose caller read the gate before a change fails its swap: no id is
+//! issued under a grant that is no longer in force.
 //! Stamps therefore increase strictly in the order they are claimed, across every process that shares
 //! the word, and no stamp is ever claimed twice. The millisecond of a claimed stamp is always the
 //! clock's reading at that moment: time is never borrowed from the future.
@@ -26,6 +29,54 @@ use crate::refusals::{Refusal, Refusals};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// The stamp word: `generation << GENERATION_SHIFT | stamp`, the stamp in the low 53 bits.
+const GENERATION_SHIFT: u32 = layout::MILLIS_BITS + layout::SEQUENCE_BITS;
+const STAMP_MASK: u64 = (1 << GENERATION_SHIFT) - 1;
+/// The generation counts modulo 2,048 (the word's 11 spare bits). A caller would have to be held
+/// between its read of the gate and its swap across 2,048 changes of the gate, a claim or renewal
+/// each, for a stale read to pass.
+const GENERATION_MASK: u64 = (1 << (64 - GENERATION_SHIFT)) - 1;
+/// The gate word: `generation << GATE_GENERATION_SHIFT | reserved_until_ms << 10 | worker_id`,
+/// where `reserved_until_ms` is at most `MAX_MILLIS + 1` (42 bits).
+const GATE_GENERATION_SHIFT: u32 = WORKER_ID_BITS + layout::MILLIS_BITS + 1;
+const RESERVED_MASK: u64 = (1 << (layout::MILLIS_BITS + 1)) - 1;
+
+fn word_stamp(word: u64) -> u64 {
+    word & STAMP_MASK
+}
+
+fn word_generation(word: u64) -> u64 {
+    word >> GENERATION_SHIFT
+}
+
+fn with_generation(stamp: u64, generation: u64) -> u64 {
+    generation << GENERATION_SHIFT | stamp
+}
+
+/// The gate as a caller reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Gate {
+    generation: u64,
+    reserved_until_ms: u64,
+    worker_id: u16,
+}
+
+impl Gate {
+    fn unpack(word: u64) -> Gate {
+        Gate {
+            generation: word >> GATE_GENERATION_SHIFT,
+            reserved_until_ms: (word >> WORKER_ID_BITS) & RESERVED_MASK,
+            worker_id: (word & u64::from(MAX_WORKER_ID)) as u16,
+        }
+    }
+
+    fn pack(self) -> u64 {
+        self.generation << GATE_GENERATION_SHIFT
+            | self.reserved_until_ms << WORKER_ID_BITS
+            | u64::from(self.worker_id)
+    }
+}
 
 /// How long, beyond the permitted step back, a wait may last before the wall clock counts as stuck.
 const STALLED_CLOCK_MS: u64 = 10;
@@ -114,8 +165,10 @@ pub struct Grant {
 #[derive(Debug, Default)]
 #[repr(C, align(64))]
 pub struct IssuingState {
+    /// The last stamp and the gate's generation (see `GENERATION_SHIFT`).
     last_stamp: AtomicU64,
-    /// `reserved_until_ms << 10 | worker_id`; 0 while closed.
+    /// The gate's generation, `reserved_until_ms` and worker id (see `Gate`); `reserved_until_ms`
+    /// is 0 while closed.
     gate: AtomicU64,
     gate_deadline_ns: AtomicU64,
     /// The grant's `moves_up_to_ms`; 0 while closed.
@@ -137,7 +190,7 @@ pub struct IssuingState {
 struct GrantHistory {
     /// The worker id of the latest grant, plus one; 0 before the first.
     worker_id_plus_one: AtomicU64,
-    /// The value `open_gate` last lifted the last stamp to, which no caller issued.
+    /// The stamp `open_gate` last lifted the last stamp to, which no caller issued.
     lifted_to: AtomicU64,
     /// The last id really issued before that lift, plus one; 0 for none.
     issued_before_lift: AtomicU64,
@@ -177,12 +230,13 @@ impl IssuingState {
             let waited = overflow_wait.map(|(_, since)| elapsed(clock, since));
             // The word before the clock: the other way round, a caller paused between the two reads
             // would see stamps newer than its clock reading and take that for a step back.
-            let last = self.last_stamp.load(Ordering::Acquire);
+            let word = self.last_stamp.load(Ordering::Acquire);
+            let last = word_stamp(word);
             let now = clock_millis(clock)?;
             match next(last, now, wanted) {
                 Next::Take(run) => {
                     if let ControlFlow::Break(issued) =
-                        self.try_take(clock, waiter, last, now, run, &mut ceiling_poll)
+                        self.try_take(clock, waiter, word, now, run, &mut ceiling_poll)
                     {
                         return issued;
                     }
@@ -215,8 +269,8 @@ impl IssuingState {
                     // Only a stamp this server issued: a floor just lifted still refuses.
                     let now_stamp = layout::stamp(now, 0);
                     let _ = self.last_stamp.compare_exchange(
-                        last,
-                        now_stamp - 1,
+                        word,
+                        with_generation(now_stamp - 1, word_generation(word)),
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     );
@@ -228,25 +282,31 @@ impl IssuingState {
         }
     }
 
-    /// Takes `run` (stamps after `last`, in the millisecond `now`) if the gate lets it through, or
-    /// waits at the ceiling for the lease worker to move it on; `Continue` to read the clock again.
+    /// Takes `run` (stamps after the stamp in `word`, in the millisecond `now`) if the gate lets it
+    /// through, or waits at the ceiling for the lease worker to move it on; `Continue` to read the
+    /// clock again.
     fn try_take(
         &self,
         clock: &impl Clock,
         waiter: &impl Waiter,
-        last: u64,
+        word: u64,
         now: u64,
         mut run: StampRun,
         ceiling_poll: &mut Option<Duration>,
     ) -> ControlFlow<Result<StampRun, Refusal>> {
-        // After the wall clock was read, so that `close_gate` can bound what slips past.
-        let gate = self.gate.load(Ordering::SeqCst);
+        let gate = Gate::unpack(self.gate.load(Ordering::SeqCst));
+        if gate.generation != word_generation(word) {
+            // The lease worker is between the two writes of a gate change: read both again.
+            waiter.check_interrupts();
+            std::hint::spin_loop();
+            return ControlFlow::Continue(());
+        }
         let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
         let monotonic_ns = clock.monotonic_ns();
-        if monotonic_ns >= deadline_ns {
+        if gate.reserved_until_ms == 0 || monotonic_ns >= deadline_ns {
             return ControlFlow::Break(Err(Refusal::NotLeased));
         }
-        if now >= gate >> WORKER_ID_BITS {
+        if now >= gate.reserved_until_ms {
             if now >= self.gate_moves_up_to_ms.load(Ordering::SeqCst) {
                 return ControlFlow::Break(Err(Refusal::BoundReached));
             }
@@ -262,10 +322,12 @@ impl IssuingState {
             waiter.sleep(poll.min(until_deadline));
             return ControlFlow::Continue(());
         }
-        run.worker_id = (gate & u64::from(MAX_WORKER_ID)) as u16;
+        run.worker_id = gate.worker_id;
+        // Fails if the gate changed since `word` was read, since every change moves the generation.
+        let claimed = with_generation(run.last(), gate.generation);
         if self
             .last_stamp
-            .compare_exchange_weak(last, run.last(), Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange_weak(word, claimed, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
             self.ids_issued
@@ -311,13 +373,13 @@ impl IssuingState {
     /// Whether `issue` would claim a stamp now, without waiting for the clock: the clock reads a
     /// time the layout holds, not behind the last stamp, and the gate is open for it.
     pub fn would_issue(&self, clock: &impl Clock) -> bool {
-        let last = self.last_stamp.load(Ordering::Acquire);
+        let last = word_stamp(self.last_stamp.load(Ordering::Acquire));
         let Ok(now) = clock_millis(clock) else {
             return false;
         };
-        let gate = self.gate.load(Ordering::SeqCst);
+        let gate = Gate::unpack(self.gate.load(Ordering::SeqCst));
         now >= layout::stamp_millis(last)
-            && now < gate >> WORKER_ID_BITS
+            && now < gate.reserved_until_ms
             && clock.monotonic_ns() < self.gate_deadline_ns.load(Ordering::SeqCst)
     }
 
@@ -329,7 +391,7 @@ impl IssuingState {
     /// How much longer the lease lets this server issue, on CLOCK_MONOTONIC; zero while the gate is
     /// closed.
     pub fn lease_left(&self, clock: &impl Clock) -> Duration {
-        if self.gate.load(Ordering::SeqCst) == 0 {
+        if Gate::unpack(self.gate.load(Ordering::SeqCst)).reserved_until_ms == 0 {
             return Duration::ZERO;
         }
         let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
@@ -339,62 +401,98 @@ impl IssuingState {
     /// Lets issuing through as `grant` says. A new holder's floor lifts the last stamp first, so
     /// that its ids start above every id issued before under that worker id; a grant of another
     /// worker id than the last one moves issuing on to the next millisecond, so that no id of the
-    /// new worker id sorts below one already issued under the old.
+    /// new worker id sorts below one already issued under the old. The lift and the new generation
+    /// go into the word in one swap, before the new gate is stored: a caller that read the old gate
+    /// either claimed before that swap, under the grant then in force, or fails its own.
     pub fn open_gate(&self, grant: &Grant) {
         let worker_id_plus_one = u64::from(grant.worker_id) + 1;
         let previous = self
             .grants
             .worker_id_plus_one
             .swap(worker_id_plus_one, Ordering::SeqCst);
-        let mut lift_to = grant
+        let floor = grant
             .floor_ms
             .filter(|&floor| floor > 0)
             .map_or(0, |floor| layout::stamp(floor, 0) - 1);
-        if previous != 0 && previous != worker_id_plus_one {
-            let last = self.last_stamp.load(Ordering::SeqCst);
-            lift_to = lift_to.max(layout::stamp(layout::stamp_millis(last), IDS_PER_MILLI - 1));
-        }
-        if lift_to > 0 {
-            let before = self.last_stamp.fetch_max(lift_to, Ordering::SeqCst);
-            if before < lift_to {
-                if before != 0 && before != self.grants.lifted_to.load(Ordering::SeqCst) {
-                    let issued = layout::id_from_stamp(before, (previous - 1) as u16);
-                    self.grants
-                        .issued_before_lift
-                        .store(issued as u64 + 1, Ordering::SeqCst);
-                }
-                self.grants.lifted_to.store(lift_to, Ordering::SeqCst);
+        let moves_on = previous != 0 && previous != worker_id_plus_one;
+        let mut word = self.last_stamp.load(Ordering::SeqCst);
+        let (before, lift_to, generation) = loop {
+            let last = word_stamp(word);
+            let lift_to = if moves_on {
+                floor.max(layout::stamp(layout::stamp_millis(last), IDS_PER_MILLI - 1))
+            } else {
+                floor
+            };
+            let generation = (word_generation(word) + 1) & GENERATION_MASK;
+            let lifted = with_generation(last.max(lift_to), generation);
+            match self.last_stamp.compare_exchange_weak(
+                word,
+                lifted,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break (last, lift_to, generation),
+                Err(current) => word = current,
             }
+        };
+        if before < lift_to {
+            if before != 0 && before != self.grants.lifted_to.load(Ordering::SeqCst) {
+                let issued = layout::id_from_stamp(before, (previous - 1) as u16);
+                self.grants
+                    .issued_before_lift
+                    .store(issued as u64 + 1, Ordering::SeqCst);
+            }
+            self.grants.lifted_to.store(lift_to, Ordering::SeqCst);
         }
         self.gate_deadline_ns
             .store(grant.deadline_ns, Ordering::SeqCst);
         self.gate_moves_up_to_ms
             .store(grant.moves_up_to_ms, Ordering::SeqCst);
-        let reserved = grant.reserved_until_ms.min(MAX_MILLIS + 1);
-        self.gate.store(
-            reserved << WORKER_ID_BITS | u64::from(grant.worker_id),
-            Ordering::SeqCst,
-        );
+        let gate = Gate {
+            generation,
+            reserved_until_ms: grant.reserved_until_ms.min(MAX_MILLIS + 1),
+            worker_id: grant.worker_id,
+        };
+        self.gate.store(gate.pack(), Ordering::SeqCst);
     }
 
-    /// Stops issuing and returns the smallest millisecond above every id issued, including any
-    /// claim that passed the gate just before it closed.
+    /// Stops issuing and returns the smallest millisecond above every id issued. The generation
+    /// moves on first, in the word every claim swaps: a claim is either in the word this returns
+    /// above, or fails.
     pub fn close_gate(&self, clock: &impl Clock) -> u64 {
-        self.gate.store(0, Ordering::SeqCst);
+        let mut word = self.last_stamp.load(Ordering::SeqCst);
+        let (last, generation) = loop {
+            let generation = (word_generation(word) + 1) & GENERATION_MASK;
+            let moved_on = with_generation(word_stamp(word), generation);
+            match self.last_stamp.compare_exchange_weak(
+                word,
+                moved_on,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break (word_stamp(word), generation),
+                Err(current) => word = current,
+            }
+        };
+        let closed = Gate {
+            generation,
+            reserved_until_ms: 0,
+            worker_id: 0,
+        };
+        self.gate.store(closed.pack(), Ordering::SeqCst);
         self.gate_deadline_ns.store(0, Ordering::SeqCst);
         self.gate_moves_up_to_ms.store(0, Ordering::SeqCst);
         let now = layout::millis_since_epoch(clock.unix_millis()).unwrap_or(0);
-        let last = layout::stamp_millis(self.last_stamp.load(Ordering::SeqCst));
-        now.max(last) + 1
+        now.max(layout::stamp_millis(last)) + 1
     }
 
     /// The first millisecond above every id issued and every floor applied.
     pub fn next_free_millis(&self) -> u64 {
-        layout::stamp_millis(self.last_stamp.load(Ordering::SeqCst)) + 1
+        layout::stamp_millis(word_stamp(self.last_stamp.load(Ordering::SeqCst))) + 1
     }
 
     pub fn snapshot(&self) -> Snapshot {
-        let last = self.last_stamp.load(Ordering::Acquire);
+        let last = word_stamp(self.last_stamp.load(Ordering::Acquire));
         let last_id = if last == 0 {
             None
         } else if last == self.grants.lifted_to.load(Ordering::Acquire) {
@@ -580,6 +678,13 @@ mod tests {
         wanted: u32,
     ) -> Result<u32, Refusal> {
         state.issue(clock, waiter, wanted, 5).map(|run| run.count)
+    }
+
+    /// Moves the last stamp on as a claim by another caller would, under the gate in force.
+    fn claimed_elsewhere(state: &IssuingState, stamp: u64) {
+        let word = state.last_stamp.load(Ordering::Relaxed);
+        let claimed = with_generation(stamp, word_generation(word));
+        state.last_stamp.store(claimed, Ordering::Relaxed);
     }
 
     fn one(
@@ -787,6 +892,108 @@ mod tests {
         assert!(!state.would_issue(&clock));
     }
 
+    /// A clock that runs `hook` once, at the first look at its monotonic clock: in a call that
+    /// claims stamps, right after the call read the gate and before its compare-and-swap.
+    struct HeldAfterTheGate<'a> {
+        clock: &'a ScriptedClock,
+        hook: RefCell<Option<Box<dyn FnOnce() + 'a>>>,
+    }
+
+    impl<'a> HeldAfterTheGate<'a> {
+        fn new(clock: &'a ScriptedClock, hook: impl FnOnce() + 'a) -> Self {
+            HeldAfterTheGate {
+                clock,
+                hook: RefCell::new(Some(Box::new(hook))),
+            }
+        }
+    }
+
+    impl Clock for HeldAfterTheGate<'_> {
+        fn unix_millis(&self) -> i64 {
+            self.clock.unix_millis()
+        }
+        fn monotonic_ns(&self) -> u64 {
+            let hook = self.hook.borrow_mut().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+            self.clock.monotonic_ns()
+        }
+    }
+
+    #[test]
+    fn a_claim_held_across_a_move_to_another_worker_id_fails_its_swap() {
+        let (state, clock, waiter) = issued_one_at_t();
+        let before = layout::id_from_stamp(stamp(T, 0), 17);
+        clock.then(&[T, T, T + 1]);
+        // Worker id 3 is granted while the call holds the gate of 17 it read.
+        let held = HeldAfterTheGate::new(&clock, || {
+            state.open_gate(&Grant {
+                worker_id: 3,
+                ..OPEN
+            })
+        });
+        let run = state.issue(&held, &waiter, 1, 5).unwrap();
+        assert_eq!(
+            (run.first, run.worker_id),
+            (stamp(T + 1, 0), 3),
+            "not (T, 1) under 17, which the gate no longer allowed"
+        );
+        assert!(layout::id_from_stamp(run.first, run.worker_id) > before);
+    }
+
+    #[test]
+    fn a_claim_held_across_the_gate_closing_fails_its_swap_and_the_bound_holds() {
+        let (state, clock, waiter) = issued_one_at_t();
+        // The call reads T + 5; the gate closes while the clock, stepped back, reads T - 100, and
+        // the call, looking again, reads T + 5.
+        clock.then(&[T + 5]);
+        let bound = Cell::new(0);
+        let held = HeldAfterTheGate::new(&clock, || {
+            clock.then(&[T - 100, T + 5]);
+            bound.set(state.close_gate(&clock));
+        });
+        assert_eq!(
+            state.issue(&held, &waiter, 1, 5),
+            Err(Refusal::NotLeased),
+            "not (T + 5, 0), above the bound the closing returned"
+        );
+        assert_eq!(bound.get(), T + 1);
+        assert_eq!(state.next_free_millis(), T + 1);
+        assert_eq!(
+            state.snapshot().last_id,
+            Some(layout::id_from_stamp(stamp(T, 0), 17))
+        );
+    }
+
+    #[test]
+    fn renewing_the_same_grant_while_a_claim_is_held_lets_it_claim_again() {
+        let (state, clock, waiter) = issued_one_at_t();
+        let held = HeldAfterTheGate::new(&clock, || state.open_gate(&OPEN));
+        assert_eq!(
+            state.issue(&held, &waiter, 1, 5),
+            Ok(StampRun {
+                first: stamp(T, 1),
+                count: 1,
+                worker_id: 17
+            })
+        );
+    }
+
+    #[test]
+    fn the_generation_wraps_and_still_fences() {
+        let (state, clock, waiter) = issued_one_at_t();
+        for _ in 0..GENERATION_MASK {
+            state.open_gate(&OPEN);
+        }
+        assert_eq!(word_generation(state.last_stamp.load(Ordering::SeqCst)), 0);
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
+        let held = HeldAfterTheGate::new(&clock, || {
+            state.close_gate(&clock);
+        });
+        assert_eq!(state.issue(&held, &waiter, 1, 5), Err(Refusal::NotLeased));
+    }
+
     #[test]
     fn the_status_shows_only_ids_really_issued() {
         let (state, clock, waiter) = granted_above(T + 1_000, &[T + 1_000]);
@@ -905,11 +1112,9 @@ mod tests {
             fn unix_millis(&self) -> i64 {
                 let now = self.clock.unix_millis();
                 let millis = (now - EPOCH_UNIX_MS) as u64;
-                let last = self.state.last_stamp.load(Ordering::Relaxed);
+                let last = word_stamp(self.state.last_stamp.load(Ordering::Relaxed));
                 if millis <= self.others_until && layout::stamp_millis(last) < millis {
-                    self.state
-                        .last_stamp
-                        .store(stamp(millis, 4095), Ordering::Relaxed);
+                    claimed_elsewhere(self.state, stamp(millis, 4095));
                 }
                 now
             }
@@ -918,7 +1123,7 @@ mod tests {
             }
         }
         let (state, waiter) = (leased(), CountingWaiter::default());
-        state.last_stamp.store(stamp(T, 4095), Ordering::Relaxed);
+        claimed_elsewhere(&state, stamp(T, 4095));
         let readings: Vec<u64> = (0..5).flat_map(|step| [T + step; 100]).collect();
         let clock = Contested {
             clock: ScriptedClock::new(&readings),
@@ -1106,6 +1311,94 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), 200_000);
         assert_eq!(state.snapshot().ids_issued, 200_000);
+    }
+
+    /// What the lease worker does to the gate while a call is held after reading it.
+    #[derive(Debug, Clone, Copy)]
+    enum GateChange {
+        Open {
+            worker_id: u16,
+            floor_ahead_ms: Option<u64>,
+        },
+        Close,
+    }
+
+    fn gate_change() -> impl Strategy<Value = GateChange> {
+        prop_oneof![
+            (0u16..4, proptest::option::of(0u64..4)).prop_map(|(worker_id, floor_ahead_ms)| {
+                GateChange::Open {
+                    worker_id,
+                    floor_ahead_ms,
+                }
+            }),
+            Just(GateChange::Close),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the lease worker does to the gate while a call is held between its read of the
+        /// gate and its swap, the call issues only under the grant in force once it is done, at or
+        /// above every floor applied and above every id issued before, or is refused when the gate
+        /// is closed; the bound a closing returns lies above every id issued before it.
+        #[test]
+        fn a_claim_issues_only_under_the_grant_in_force(
+            rounds in proptest::collection::vec(
+                (1u32..3000, proptest::collection::vec(gate_change(), 0..4)),
+                1..40,
+            )
+        ) {
+            let state = leased();
+            // Every look at the wall clock moves it on by a quarter of a millisecond.
+            let readings: Vec<u64> = (0..200_000).map(|look| T + look / 4).collect();
+            let clock = ScriptedClock::new(&readings);
+            let waiter = CountingWaiter::default();
+            let (mut in_force, mut floor_ms, mut last_id) = (Some(17u16), 0, 0i64);
+            for (wanted, changes) in rounds {
+                // What the hook did: the grant in force after it, the floors and closing bounds.
+                let done = RefCell::new(Vec::new());
+                let held = HeldAfterTheGate::new(&clock, || {
+                    for change in &changes {
+                        let outcome = match *change {
+                            GateChange::Open { worker_id, floor_ahead_ms } => {
+                                let floor = floor_ahead_ms.map(|ahead| clock.current.get() + ahead);
+                                state.open_gate(&Grant { worker_id, floor_ms: floor, ..OPEN });
+                                (Some(worker_id), floor.unwrap_or(0))
+                            }
+                            GateChange::Close => (None, state.close_gate(&clock)),
+                        };
+                        done.borrow_mut().push(outcome);
+                    }
+                });
+                let issued = state.issue(&held, &waiter, wanted.min(4096), 5);
+                drop(held);
+                for &(worker_id, millis) in done.borrow().iter() {
+                    match worker_id {
+                        Some(_) => floor_ms = floor_ms.max(millis),
+                        None => prop_assert!(
+                            layout::decode(last_id).unwrap().millis < millis,
+                            "closed at {} after {}", millis, last_id
+                        ),
+                    }
+                    in_force = worker_id;
+                }
+                match (issued, in_force) {
+                    (Ok(run), Some(worker_id)) => {
+                        prop_assert_eq!(run.worker_id, worker_id);
+                        prop_assert!(layout::stamp_millis(run.first) >= floor_ms);
+                        let first = layout::id_from_stamp(run.first, run.worker_id);
+                        prop_assert!(first > last_id, "{} after {}", first, last_id);
+                        last_id = layout::id_from_stamp(run.last(), run.worker_id);
+                    }
+                    (Err(Refusal::NotLeased), None) => {
+                        state.open_gate(&Grant { worker_id: 17, ..OPEN });
+                        in_force = Some(17);
+                    }
+                    (other, in_force) => {
+                        prop_assert!(false, "{:?} with {:?} in force", other, in_force)
+                    }
+                }
+            }
+        }
     }
 
     proptest! {

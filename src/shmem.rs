@@ -12,7 +12,8 @@
 //!   A backend that waits (for the next millisecond, for a clock that stepped back a little, or for
 //!   the lease worker to move the ceiling on) holds nothing: it spins or sleeps on its own latch,
 //!   answering cancel, timeouts and termination.
-//!   The lease worker opens and closes the gate with plain atomic stores.
+//!   The lease worker opens and closes the gate with atomic writes that move its generation on:
+//!   a claim made under the gate as it was before fails its swap.
 //! - `LOCK`, the LWLock named `snowid`, guarding the lease [`Status`]: the lease worker takes it
 //!   exclusively to record what the registry said; a backend takes it shared to explain a refusal
 //!   or to report `snowid_status()`. It is held only to copy the status in or out: never on the
