@@ -68,9 +68,14 @@ impl Demo {
 }
 
 impl Drop for Demo {
+    /// A failed test stops what its demo left running and keeps its directories for their logs; a
+    /// test that passed, which stopped its demo, removes them.
     fn drop(&mut self) {
         if std::thread::panicking() {
             let _ = self.command(&["stop"]).status();
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+            let _ = fs::remove_dir_all(self.patroni_dir());
         }
     }
 }
