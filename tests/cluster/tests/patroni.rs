@@ -366,19 +366,21 @@ fn one_worker_id_stall(
                 "ERROR:  55000: snowid refuses to issue ids: worker id {SHARED_WORKER_ID} is held by \
                  {holder}, another server that has not released it"
             );
-            // The promoted node's lease worker looks at the lease table once it runs: until then its
-            // sessions are refused as not leased yet, however long a busy machine takes to start it,
-            // and from its first look on as held by node1, every time.
+            // Until the promoted node's lease worker first looks at the lease table (however long a
+            // busy machine takes to start it), its sessions are refused as not leased yet, or as
+            // read-only where a session's transaction began before the promotion; from that look
+            // on, as held by node1, every time.
             let not_yet = format!(
                 "ERROR:  55000: snowid refuses to issue ids: the lease on worker id \
                  {SHARED_WORKER_ID} is not acquired yet"
             );
+            let read_only = "ERROR:  25006: cannot execute INSERT in a read-only transaction";
             let refusals: Vec<String> = application
                 .errors_of("standby")
                 .into_iter()
                 .filter(|(at, _)| *at > promoted)
                 .map(|(_, text)| text)
-                .skip_while(|text| text.starts_with(&not_yet))
+                .skip_while(|text| text.starts_with(&not_yet) || text.starts_with(read_only))
                 .collect();
             assert!(
                 !refusals.is_empty(),
