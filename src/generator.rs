@@ -2,12 +2,12 @@
 //!
 //! One 64-bit word holds the last stamp issued. A caller reads the word and the clock, works out the
 //! next free stamps, and claims them with a compare-and-swap; whoever loses the race reads again.
-//! The word's spare bits carry the gate's generation, which every opening and closing of the gate
-//! changes, so that a claim whose caller read the gate before a change fails its swap: no id is
-//! issued under a grant that is no longer in force.
 //! Stamps therefore increase strictly in the order they are claimed, across every process that shares
 //! the word, and no stamp is ever claimed twice. The millisecond of a claimed stamp is always the
 //! clock's reading at that moment: time is never borrowed from the future.
+//! The word's spare bits carry the gate's generation, which every opening and closing of the gate
+//! changes, so that a claim whose caller read the gate before a change fails its swap: no id is
+//! issued under a grant that is no longer in force.
 //!
 //! Two situations need waiting, and every wait answers the caller's interrupts (cancel,
 //! `statement_timeout`, termination) through the [`Waiter`], holding nothing others need:
