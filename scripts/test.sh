@@ -13,8 +13,8 @@
 # names them and says why, in tests/cluster/.config/nextest.toml), and the package.
 #
 # It starts by removing what a killed run of its own left (scripts/leftovers.sh). Every run ends,
-# passed or failed, with where its time went: each step's time and count of tests
-# per major, and the slowest cluster tests (scripts/timings.py).
+# passed or failed, with where its time went: each step's time and count of tests per major, and
+# the slowest cluster tests (scripts/timings.py).
 set -euo pipefail
 
 usage="usage: scripts/test.sh [--all-majors]"

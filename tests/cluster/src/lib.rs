@@ -1096,6 +1096,16 @@ pub fn server_version_num(client: &mut Client) -> i32 {
     text.parse().unwrap()
 }
 
+/// Removes a test's directory once the test is over, or, when it failed, keeps it for its logs and
+/// names it (`what`: what it holds) on standard error; scripts/test.sh removes it at its next start.
+pub fn remove_unless_failed(dir: &Path, what: &str) {
+    if std::thread::panicking() {
+        eprintln!("{what}: {}", dir.display());
+    } else {
+        let _ = fs::remove_dir_all(dir);
+    }
+}
+
 /// Sends `how` (`-STOP`, say) to the process `pid`.
 pub fn signal(pid: impl std::fmt::Display, how: &str) {
     signal_all(&[pid], how);

@@ -254,12 +254,7 @@ impl Node {
         let mut frozen = vec![self.patroni_pid(), postmaster];
         crate::signal_all(&frozen, "-STOP");
         for child in children_of(postmaster) {
-            let stopped = Command::new("kill")
-                .args(["-STOP", &child.to_string()])
-                .stderr(Stdio::null())
-                .status()
-                .unwrap();
-            if stopped.success() {
+            if signal_if_it_exists(child, "-STOP") {
                 frozen.push(child);
             } else {
                 assert!(
@@ -304,10 +299,7 @@ impl Node {
         self.patroni.take();
         thaw(&processes);
         for pid in processes {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
+            signal_if_it_exists(pid, "-KILL");
         }
     }
 
@@ -699,14 +691,7 @@ impl Drop for PatroniCluster {
     fn drop(&mut self) {
         self.one.stop_for_good();
         self.two.stop_for_good();
-        if std::thread::panicking() {
-            eprintln!(
-                "the cluster's directory, logs included: {}",
-                self.base.display()
-            );
-        } else {
-            let _ = fs::remove_dir_all(&self.base);
-        }
+        crate::remove_unless_failed(&self.base, "the cluster's directory, logs included");
     }
 }
 
@@ -730,8 +715,7 @@ pub fn registry_server() -> Cluster {
     registry
 }
 
-/// Thaws the processes `frozen`, those that still exist: the thawed postmaster may reap a child
-/// that had exited before the freeze.
+/// The processes `pid` started that still run.
 fn children_of(pid: u32) -> Vec<u32> {
     let children = Command::new("pgrep")
         .args(["-P", &pid.to_string()])
@@ -743,12 +727,21 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Sends `how` to the process `pid` if it still exists; whether it did.
+fn signal_if_it_exists(pid: u32, how: &str) -> bool {
+    Command::new("kill")
+        .args([how, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// Thaws the processes `frozen`, those that still exist: the thawed postmaster may reap a child
+/// that had exited before the freeze.
 pub fn thaw(frozen: &[u32]) {
     for &pid in frozen {
-        let _ = Command::new("kill")
-            .args(["-CONT", &pid.to_string()])
-            .stderr(Stdio::null())
-            .status();
+        signal_if_it_exists(pid, "-CONT");
     }
 }
 

@@ -14,7 +14,7 @@ use snowid_cluster_tests::loss::{
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     calls_during, distinct_ids, give_to_postgres, lease_worker_pid, next_id, next_id_once_issuing,
-    wait_for, wait_for_lease_state, watch_conflict_refusals, Node,
+    remove_unless_failed, wait_for, wait_for_lease_state, watch_conflict_refusals, Node,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -23,8 +23,8 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// A test's directory for its etcd members, their logs and certificates: removed once the test is
-/// over, or kept for its logs when it failed (scripts/test.sh removes it at its next start).
+/// A test's directory for its etcd members, their logs and certificates (see
+/// `remove_unless_failed`).
 struct Directory(PathBuf);
 
 impl std::ops::Deref for Directory {
@@ -36,11 +36,7 @@ impl std::ops::Deref for Directory {
 
 impl Drop for Directory {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("the etcd members' logs: {}", self.0.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.0);
-        }
+        remove_unless_failed(&self.0, "the etcd members' logs");
     }
 }
 
