@@ -1267,6 +1267,25 @@ impl Node {
         Node::create(name, worker_id, registry, settings, true)
     }
 
+    /// Like [`Node::start`], all but the lease: the server runs with snowid created but not
+    /// preloaded until [`PreparedNode::join`], for a node that must join at a given moment, not an
+    /// `initdb` later.
+    pub fn prepare(
+        name: &str,
+        worker_id: Option<u16>,
+        registry: &str,
+        settings: &[&str],
+    ) -> PreparedNode {
+        let cluster_name = format!("cluster_name = '{name}'");
+        let mut all = vec![cluster_name.as_str()];
+        all.extend(settings);
+        let cluster = Cluster::start(name, &all);
+        PreparedNode {
+            node: Node::with_extension(name, cluster),
+            snowid: Node::snowid_settings(worker_id, registry).to_vec(),
+        }
+    }
+
     fn create(
         name: &str,
         worker_id: Option<u16>,
@@ -1274,17 +1293,26 @@ impl Node {
         settings: &[&str],
         fake_clock: bool,
     ) -> Node {
-        let worker_setting = match worker_id {
-            Some(worker_id) => format!("snowid.worker_id = {worker_id}"),
-            None => "snowid.any_worker_id = on".to_string(),
-        };
-        let registry_setting = format!("snowid.registry = '{}'", registry.replace('\'', "''"));
+        let [worker_setting, registry_setting] = Node::snowid_settings(worker_id, registry);
         let cluster = Cluster::start_preloading_snowid(
             name,
             &[&worker_setting, &registry_setting],
             settings,
             fake_clock,
         );
+        Node::with_extension(name, cluster)
+    }
+
+    fn snowid_settings(worker_id: Option<u16>, registry: &str) -> [String; 2] {
+        let worker_setting = match worker_id {
+            Some(worker_id) => format!("snowid.worker_id = {worker_id}"),
+            None => "snowid.any_worker_id = on".to_string(),
+        };
+        let registry_setting = format!("snowid.registry = '{}'", registry.replace('\'', "''"));
+        [worker_setting, registry_setting]
+    }
+
+    fn with_extension(name: &str, cluster: Cluster) -> Node {
         cluster
             .connect()
             .batch_execute("CREATE EXTENSION snowid")
@@ -1298,6 +1326,23 @@ impl Node {
     /// The name the node shows in the lease table and in refusals.
     pub fn holder_name(&self) -> String {
         format!("{}@{}:{}", self.name, host_name(), self.cluster.port)
+    }
+}
+
+/// A node made by [`Node::prepare`], not yet preloading snowid.
+pub struct PreparedNode {
+    node: Node,
+    snowid: Vec<String>,
+}
+
+impl PreparedNode {
+    /// Preloads snowid with the node's settings and restarts the server: its lease worker's first
+    /// claim follows within a restart.
+    pub fn join(self) -> Node {
+        let mut settings = vec!["shared_preload_libraries = 'snowid'"];
+        settings.extend(self.snowid.iter().map(String::as_str));
+        self.node.cluster.reconfigure(&settings, &[]);
+        self.node
     }
 }
 

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 pub const COPY_AGE: Duration = Duration::from_secs(30);
 
 /// The worker ids of the fleet, in the order it joins: `a` and `f1` before the copy, `b`, `f2`
-/// and `c` after it; `f1` and `f2` have their own, the others lease any free one. `d` joins after
-/// the loss and takes the lowest worker id nobody holds.
+/// and `c` after it; `f1` and `f2` have their own, the others lease any free one. `d`, made ready
+/// before the loss, joins within a restart of it and takes the lowest worker id nobody holds.
 pub const FLEET: [(&str, Option<u16>, i64); 5] = [
     ("a", None, 0),
     ("f1", Some(1), 1),
@@ -60,12 +60,13 @@ pub fn fleet_through_a_registry_loss(
     for (node, (_, _, worker_id)) in nodes.iter().zip(FLEET) {
         assert_eq!(worker_of_next_id(&mut node.cluster.connect()), worker_id);
     }
+    let prepared = Node::prepare(&format!("{prefix}-d"), None, registry, settings);
     let fleet: Vec<&Node> = nodes.iter().collect();
     let (calls, (lost_at, newcomer, newcomer_calls)) = calls_during(&fleet, |started| {
         std::thread::sleep(COPY_AGE.saturating_sub(copied.elapsed()));
         lose();
         let lost_at = started.elapsed();
-        let newcomer = Node::start(&format!("{prefix}-d"), None, registry, settings);
+        let newcomer = prepared.join();
         let mut client = newcomer.cluster.connect();
         let mut calls: Vec<Call> = vec![];
         let mut issued_since: Option<Instant> = None;

@@ -7,7 +7,8 @@ use postgres::Client;
 use snowid_cluster_tests::loss::{
     fleet_through_a_registry_loss, LossRun, FLEET, NEWCOMER_WORKER_ID, NOT_ACQUIRED, UNSETTLED,
 };
-use snowid_cluster_tests::Cluster;
+use snowid_cluster_tests::ids::unix_ms_of;
+use snowid_cluster_tests::{distinct_ids, query_value, Cluster};
 use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;
@@ -39,9 +40,20 @@ fn holders(registry: &mut Client) -> Vec<(i32, Option<String>)> {
 }
 
 /// After the run: the newcomer was refused only while its lease worker started and while the
-/// registry settled, issued within a lease and a renewal of the restore, and every node holds its
-/// worker id in the restored registry.
+/// registry settled, issued no id stamped before the restored registry settled and one within a
+/// lease and a renewal of the restore, and every node holds its worker id in the restored registry.
 fn assert_newcomer_waited_and_every_lease_is_back(run: &LossRun, registry: &mut Client) {
+    let settles_at_ms: i64 = query_value(
+        registry,
+        "SELECT (extract(epoch FROM settles_at) * 1000)::bigint FROM snowid.registry_epoch",
+    );
+    let first_id = distinct_ids(&run.newcomer_calls)[0];
+    assert!(
+        unix_ms_of(first_id) >= settles_at_ms,
+        "the newcomer's first id is stamped {} ms before the registry settled",
+        settles_at_ms - unix_ms_of(first_id)
+    );
+    // The newcomer joins within a restart of the restore, a lease before the registry settles.
     let refusals = run.newcomer_refusals();
     assert!(refusals.contains(&UNSETTLED.to_string()), "{refusals:?}");
     assert!(
