@@ -66,12 +66,14 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
             assert_eq!(cluster.standby_report(), (None, None), "{what}");
         }
         WorkerIds::OneForBoth => {
-            wait_until("node2 to name the holder", Duration::from_secs(15), || {
-                cluster.standby_report() == (Some(holder.clone()), None)
-            });
+            // The lease worker records the holder in the status, then logs its warning.
             let warning = format!(
                 "WARNING:  snowid: worker id {SHARED_WORKER_ID} of this standby is held by {holder}"
             );
+            wait_until("node2 to name the holder", Duration::from_secs(15), || {
+                cluster.standby_report() == (Some(holder.clone()), None)
+                    && cluster.two.log().contains(&warning)
+            });
             assert_eq!(cluster.two.log().matches(&warning).count(), 1, "{what}");
         }
     }
@@ -259,6 +261,34 @@ fn fail_over(mode: Mode, ids: WorkerIds, fault: Fault, timing: Timing) {
     }
 }
 
+/// What node1 shows when it does not issue after its thaw, for the failure's message: its lease,
+/// what its processes wait on, and the last errors of the client that calls it.
+fn node1_after_the_thaw(cluster: &PatroniCluster, application: &Application) -> String {
+    let conninfo = format!(
+        "{} options='-c statement_timeout=3000'",
+        cluster.one.conninfo()
+    );
+    let ask = |sql: &str| psql(&conninfo, sql).unwrap_or_else(|error| error);
+    let lease = ask(
+        "SELECT concat_ws(' ', lease_state, lease_seconds_left, last_error) \
+         FROM snowid_status()",
+    );
+    let waits = ask(
+        "SELECT string_agg(concat_ws(':', pid, backend_type, state, wait_event_type, wait_event), ', ') \
+         FROM pg_stat_activity",
+    );
+    let errors: Vec<String> = application
+        .errors_of("first primary")
+        .into_iter()
+        .rev()
+        .take(3)
+        .map(|(_, text)| text)
+        .collect();
+    format!(
+        "node1's lease: {lease}; its processes: {waits}; the last errors of its client: {errors:?}"
+    )
+}
+
 /// Thaws a frozen node1 in the order a split brain needs: its postmaster and every server process
 /// first, and its Patroni, which demotes it, only once its sessions have issued after node2's
 /// promotion, so that both primaries issue every time. Returns whether that split was arranged:
@@ -290,11 +320,15 @@ fn thaw_before_patroni(
             .is_some_and(|received| unix_ms_of(received.id) > promoted_unix_ms)
     };
     let (one, two) = (cluster.one.port, cluster.two.port);
-    wait_until(
-        &format!("{what}: node1 (or, where no split is arranged, node2) issuing after the thaw"),
-        Duration::from_secs(15),
-        || issued_after_promotion(one) || (!expected && issued_after_promotion(two)),
-    );
+    let deadline = thawed + Duration::from_secs(15);
+    while !(issued_after_promotion(one) || (!expected && issued_after_promotion(two))) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: node1 (or, where no split is arranged, node2) issuing after the thaw: not within 15 s; {}",
+            node1_after_the_thaw(cluster, application)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     thaw(&[*patroni]);
     println!(
         "{what}: node1 thawed {:.1} s after its last renewal, its Patroni once {} issued",

@@ -4,10 +4,10 @@
 //! registry may have lost has run out, and no id is issued twice (see `loss`).
 
 use postgres::Client;
+use snowid_cluster_tests::ids::unix_ms_of;
 use snowid_cluster_tests::loss::{
     fleet_through_a_registry_loss, LossRun, FLEET, NEWCOMER_WORKER_ID, NOT_ACQUIRED, UNSETTLED,
 };
-use snowid_cluster_tests::ids::unix_ms_of;
 use snowid_cluster_tests::{distinct_ids, query_value, Cluster};
 use std::cell::RefCell;
 use std::path::Path;
