@@ -38,10 +38,19 @@ impl Claimant {
                 server.system_identifier,
                 hash::fnv1a(place.as_bytes())
             ),
-            incarnation: format!("{:016x}", shmem::lease_status().incarnation),
+            incarnation: incarnation_text(shmem::lease_status().incarnation),
             name: format!("{name}:{}", server.port),
         }
     }
+
+    /// Claims as a new run of this server from now on (see `shmem::new_incarnation`).
+    pub fn become_a_new_run(&mut self) {
+        self.incarnation = incarnation_text(shmem::new_incarnation());
+    }
+}
+
+fn incarnation_text(incarnation: u64) -> String {
+    format!("{incarnation:016x}")
 }
 
 /// What tells a data directory from every copy of it: its device, inode number and birth time

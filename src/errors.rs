@@ -94,7 +94,7 @@ impl SnowidError {
             .set_hint("Make ids on the primary; once this server is promoted it issues as soon as it holds the lease."),
             SnowidError::Refused(Refusal::NotLeased) => {
                 let status = shmem::lease_status();
-                let worker_id = status.worker_id.or(gucs::worker_id());
+                let worker_id = status.named_worker_id().or(gucs::worker_id());
                 let report = ErrorReport::new(
                     ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                     format!(

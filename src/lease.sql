@@ -144,13 +144,18 @@ $$;
 -- refusal names the holder; one with no name says that a shared registry in a new epoch (see
 -- registry_epoch) grants nothing before expires_at_unix_ms but the renewal of a lease that runs: by
 -- its row, or by the word of its holder (p_holding), whose row the registry may have lost.
+-- p_known_mark_ms is the highest mark this run of the holder knows of (every reservation it sent,
+-- every mark it was answered; -1: it does not say): its claim of a row that names this very run
+-- with a higher mark is refused as `fenced`, and leaves the row as it is, since another copy of
+-- its memory claimed the row since (a virtual machine resumed from a snapshot of its memory, a
+-- running one forked).
 CREATE FUNCTION snowid.lease_claim(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
     p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
-    p_holding boolean,
+    p_holding boolean, p_known_mark_ms bigint,
     OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
-    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint, OUT fenced boolean)
 LANGUAGE plpgsql STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -162,6 +167,7 @@ DECLARE
     trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
     settles_at timestamptz;
 BEGIN
+    fenced := false;
     IF p_ttl_ms NOT BETWEEN 1000 AND 3600000 THEN
         RAISE EXCEPTION 'a lease''s time-to-live must be between 1000 and 3600000 ms, not %', p_ttl_ms
             USING ERRCODE = '22023';
@@ -171,12 +177,6 @@ BEGIN
     -- The row first: a rewrite of the table (TRUNCATE) then waits for this claim to end, and
     -- comes after the epoch it reads.
     INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
-    IF p_takeover_on_expiry THEN
-        settles_at := snowid.registry_settles_at(p_ttl_ms, claimed_at, p_holding AND NOT EXISTS (
-            SELECT FROM snowid.worker_lease l
-             WHERE l.worker_id = p_worker_id AND l.holder = p_holder
-               AND l.incarnation = p_incarnation AND l.expires_at > claimed_at));
-    END IF;
     -- Decided on the row as it stands, then again once locked: a claim that is refused never
     -- locks the row, so that no role can hold up another's renewals by leaving its transaction open.
     LOOP
@@ -190,6 +190,24 @@ BEGIN
             RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
                 p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
                 USING ERRCODE = '42501';
+        END IF;
+        -- The row names this very run with a mark above every one it knows of, whether its lease
+        -- runs or not: another copy of its memory claimed since. Nothing changes, the epoch
+        -- included.
+        IF p_known_mark_ms >= 0 AND lease.holder = p_holder AND lease.incarnation = p_incarnation
+           AND lease.high_water_ms > p_known_mark_ms THEN
+            granted := false;
+            fenced := true;
+            holder_name := coalesce(lease.holder_name, lease.holder);
+            expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
+            released := false;
+            RETURN;
+        END IF;
+        IF p_takeover_on_expiry AND NOT locked THEN
+            settles_at := snowid.registry_settles_at(p_ttl_ms, claimed_at, p_holding AND NOT EXISTS (
+                SELECT FROM snowid.worker_lease l
+                 WHERE l.worker_id = p_worker_id AND l.holder = p_holder
+                   AND l.incarnation = p_incarnation AND l.expires_at > claimed_at));
         END IF;
         released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
         IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
@@ -243,6 +261,24 @@ BEGIN
 END
 $$;
 
+-- The claim of a server that does not say which mark it knows of (snowid 0.8.0).
+CREATE FUNCTION snowid.lease_claim(
+    p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
+    p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
+    p_holding boolean,
+    OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+LANGUAGE sql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
+           c.continued, c.renewal, c.released, c.tenure
+      FROM snowid.lease_claim(p_worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                              p_reserve_until_ms, p_takeover_on_expiry, p_timeline, p_holding, -1) c
+$$;
+
 -- The claim of a server that does not say whether it holds the lease (snowid 0.7.0 and earlier).
 CREATE FUNCTION snowid.lease_claim(
     p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
@@ -264,17 +300,19 @@ $$;
 -- another run of this server holds is no one's to take while it runs).
 -- Servers picking a new one take turns, on a lock of the table that renewals never wait for and
 -- that only the roles allowed to claim can take.
+-- p_known_mark_ms and fenced are lease_claim's.
 CREATE FUNCTION snowid.lease_claim_any(
     p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
-    p_timeline bigint, p_held_worker_id integer,
+    p_timeline bigint, p_held_worker_id integer, p_known_mark_ms bigint,
     OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
     OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
-    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint, OUT fenced boolean)
 LANGUAGE plpgsql STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    fenced := false;
     IF p_held_worker_id BETWEEN 0 AND 1023 THEN
         worker_id := p_held_worker_id;
     ELSE
@@ -298,13 +336,30 @@ BEGIN
         RETURN;
     END IF;
     SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
-           c.continued, c.renewal, c.released, c.tenure
+           c.continued, c.renewal, c.released, c.tenure, c.fenced
       INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
-           continued, renewal, released, tenure
+           continued, renewal, released, tenure, fenced
       FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
                               p_reserve_until_ms, true, p_timeline,
-                              worker_id = p_held_worker_id) c;
+                              worker_id = p_held_worker_id, p_known_mark_ms) c;
 END
+$$;
+
+-- The claim of a server that does not say which mark it knows of (snowid 0.8.0).
+CREATE FUNCTION snowid.lease_claim_any(
+    p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
+    p_timeline bigint, p_held_worker_id integer,
+    OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+LANGUAGE sql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.worker_id, c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name,
+           c.expires_at_unix_ms, c.continued, c.renewal, c.released, c.tenure
+      FROM snowid.lease_claim_any(p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                                  p_reserve_until_ms, p_timeline, p_held_worker_id, -1) c
 $$;
 
 -- The claim of a server that does not say which lease it holds (snowid 0.7.0 and earlier).
@@ -324,11 +379,13 @@ $$;
 
 -- Releases a lease its holder no longer needs, at its clean shutdown, lowering the high-water mark
 -- to just above the ids it really issued (never below the mark it took the row at) and recording
--- who released it, on which timeline. Returns NULL when the caller did not hold it; a lease held
--- with another role (a superuser excepted) is refused with 42501, without locking its row.
+-- who released it, on which timeline. Returns NULL when the caller did not hold it, or when the row
+-- has a mark above p_known_mark_ms (see lease_claim: the caller is a copy of a run that another
+-- copy got ahead of; -1: it does not say); a lease held with another role (a superuser excepted)
+-- is refused with 42501, without locking its row.
 CREATE FUNCTION snowid.lease_release(
     p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint,
-    p_timeline bigint)
+    p_timeline bigint, p_known_mark_ms bigint)
 RETURNS boolean
 LANGUAGE plpgsql STRICT
 SECURITY DEFINER
@@ -344,6 +401,7 @@ BEGIN
                                     least(l.high_water_ms, p_high_water_ms)),
            released_by = p_holder, released_timeline = p_timeline
      WHERE l.worker_id = p_worker_id AND l.holder = p_holder AND l.incarnation = p_incarnation
+       AND (p_known_mark_ms < 0 OR l.high_water_ms <= p_known_mark_ms)
        AND (trusted OR l.holder_role = session_user);
     IF FOUND THEN
         RETURN true;
@@ -356,6 +414,18 @@ BEGIN
     END IF;
     RETURN NULL;
 END
+$$;
+
+-- The release of a server that does not say which mark it knows of (snowid 0.8.0 and earlier).
+CREATE FUNCTION snowid.lease_release(
+    p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint,
+    p_timeline bigint)
+RETURNS boolean
+LANGUAGE sql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT snowid.lease_release(p_worker_id, p_holder, p_incarnation, p_high_water_ms, p_timeline, -1)
 $$;
 
 -- Frees a worker id for the next server that claims it, on behalf of a holder that is gone for
@@ -386,8 +456,11 @@ COMMENT ON FUNCTION snowid_handover(integer) IS 'Frees a worker id whose holder 
 
 REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint, boolean, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid_handover(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.registry_settles_at(bigint, timestamptz, boolean) FROM PUBLIC;

@@ -563,6 +563,62 @@ mod tests {
         );
     }
 
+    #[pg_test]
+    fn a_claim_of_the_holding_run_that_knows_of_a_lower_mark_is_fenced_and_changes_nothing() {
+        settled_registry();
+        // Held by run `run` of 111-old, its mark a reservation made just now.
+        held_row(950, "111-old", "pg@db1:5432", 30_000);
+        let mark: i64 = one("SELECT high_water_ms FROM snowid.worker_lease WHERE worker_id = 950");
+        let row = || -> String {
+            one(
+                "SELECT concat_ws(' ', high_water_ms, incarnation, expires_at, renewed_at)
+                   FROM snowid.worker_lease WHERE worker_id = 950",
+            )
+        };
+        // Claimed by run `incarnation` of 111-old, which knows of marks up to `known` ms.
+        let claim = |incarnation: &str, known: i64| -> String {
+            one(&format!(
+                "SELECT concat_ws(' ', c.granted::text, c.fenced::text, c.renewal::text, c.holder_name)
+                   FROM snowid.lease_claim(950, '111-old', '{incarnation}', 'pg@db1:5432', 30000,
+                        (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + 30000,
+                        true, 1, true, {known}) c"
+            ))
+        };
+        // Knowing of a lower mark, the run is a copy of its memory that another copy got ahead of:
+        // fenced, and the row stays as the other copy wrote it.
+        let before = row();
+        assert_eq!(claim("run", mark - 1), "false true pg@db1:5432");
+        assert_eq!(row(), before);
+        // Knowing of the mark, its own reservation whether it was answered or not: renewed.
+        assert_eq!(claim("run", mark), "true false true pg@db1:5432");
+        // Saying no mark, as a 0.8.0 server does through the 0.8.0 functions: renewed.
+        assert_eq!(claim("run", -1), "true false true pg@db1:5432");
+        assert_one::<String, &str>(
+            "SELECT concat_ws(' ', c.granted::text, c.renewal::text)
+               FROM snowid.lease_claim(950, '111-old', 'run', 'pg@db1:5432', 30000,
+                    (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + 30000,
+                    true, 1, true) c",
+            "true true",
+        );
+        // Another run of the holder is refused as such while the lease runs, never fenced.
+        assert_eq!(claim("clone", 0), "false false pg@db1:5432");
+        // Its lease run out, the run that the row names is still fenced by a lower mark: it
+        // would otherwise renew the grant it applied, below the other copy's ids.
+        Spi::run(
+            "UPDATE snowid.worker_lease SET expires_at = clock_timestamp() - interval '1 second'
+                   WHERE worker_id = 950",
+        )
+        .unwrap();
+        let before = row();
+        assert_eq!(claim("run", 0), "false true pg@db1:5432");
+        assert_one::<String, &str>(
+            "SELECT concat_ws(' ', c.worker_id, c.granted::text, c.fenced::text)
+               FROM snowid.lease_claim_any('111-old', 'run', 'pg@db1:5432', 30000, 0, 1, 950, 0) c",
+            "950 false true",
+        );
+        assert_eq!(row(), before);
+    }
+
     /// `snowid.lease_claim` of `worker_id` on a shared registry by `holder`'s run `run`, holding the
     /// lease by its word or not, with a time-to-live of `ttl_ms`: granted, or refused with the
     /// holder named, or with none and the seconds left until the registry settles.

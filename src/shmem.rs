@@ -73,11 +73,28 @@ pub fn update_lease_status<R>(update: impl FnOnce(&mut Status) -> R) -> R {
     update(&mut LOCK.exclusive())
 }
 
-/// A number that differs between runs of the server: the hasher's keys come from the operating
-/// system's randomness.
+/// Makes this memory image a new run of the server, for a copy of it that another copy fenced off
+/// (see `lease::Verdict::Fenced`): returns the new incarnation.
+pub fn new_incarnation() -> u64 {
+    let incarnation = random_u64();
+    update_lease_status(|status| {
+        status.incarnation = incarnation;
+        status.known_mark_ms = 0;
+    });
+    incarnation
+}
+
+/// A number that differs between runs of the server and between copies of one memory image: drawn
+/// from the operating system at each call, never from state a copy of this process would share.
 fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher.finish()
+    let mut bytes = [0u8; 8];
+    loop {
+        match rustix::rand::getrandom(&mut bytes[..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(8) => return u64::from_ne_bytes(bytes),
+            Err(rustix::io::Errno::INTR) => continue,
+            drawn => {
+                error!("snowid could not draw a random number from the operating system: {drawn:?}")
+            }
+        }
+    }
 }

@@ -226,10 +226,12 @@ impl LeaseWorker {
         }
     }
 
-    /// Acts on a refused claim: the lease is another server's until `expires_at`, or, `unsettled`,
-    /// may be one the registry lost until then. Says when to claim again.
+    /// Acts on a refused claim of `worker_id` (`None`: of any one): the lease is another server's
+    /// until `expires_at`, or, `unsettled`, may be one the registry lost until then. Says when to
+    /// claim again.
     fn refused(
         &mut self,
+        worker_id: Option<u16>,
         holder: &str,
         expires_at: i64,
         released: bool,
@@ -240,6 +242,7 @@ impl LeaseWorker {
         let own_name = !handover_needed && holder == self.me.name;
         shmem::update_lease_status(|status| {
             status.worker_id = self.configured;
+            status.refused_worker_id = worker_id;
             status.state = State::HeldByOther;
             status.own_name = own_name;
             status.unsettled = unsettled;
@@ -257,6 +260,15 @@ impl LeaseWorker {
     fn claim(&mut self, sent_ns: u64) -> Duration {
         let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
         let reserve_until_ms = now_ms + self.timing.ttl.as_millis() as u64;
+        // Known from now on, whether the answer comes or not; shown only for the worker id of a
+        // grant this run applied, the one a copy of its memory could have renewed.
+        let claiming = self.claiming;
+        let known_mark_ms = shmem::update_lease_status(|status| {
+            let known = status.known_mark_ms;
+            status.known_mark_ms = known.max(reserve_until_ms);
+            let applied = status.applied_tenure.is_some() && status.worker_id == claiming;
+            applied.then_some(known)
+        });
         let asked = Instant::now();
         // Only a lease that still runs: one that ran out may be another server's by now.
         let held = self
@@ -274,6 +286,7 @@ impl LeaseWorker {
             timing: self.timing,
             reserve_until_ms,
             held,
+            known_mark_ms,
         });
         if answer.is_ok() {
             self.inherited = None;
@@ -288,18 +301,23 @@ impl LeaseWorker {
                 verdict: Verdict::Granted(granted),
             }) => self.granted(worker_id, granted, sent_ns),
             Ok(Answer {
+                worker_id,
                 verdict:
                     Verdict::HeldByOther {
                         holder,
                         expires_at,
                         released,
                     },
-                ..
-            }) => self.refused(&holder, expires_at, released, false),
+            }) => self.refused(worker_id, &holder, expires_at, released, false),
+            // A registry in a new epoch grants no new holder any worker id.
             Ok(Answer {
                 verdict: Verdict::Unsettled { until },
                 ..
-            }) => self.refused("", until, false, true),
+            }) => self.refused(self.configured, "", until, false, true),
+            Ok(Answer {
+                worker_id,
+                verdict: Verdict::Fenced { expires_at },
+            }) => self.fenced(worker_id, expires_at),
             Ok(Answer {
                 worker_id,
                 verdict: Verdict::MarkBeyondLayout { high_water_ms },
@@ -357,9 +375,25 @@ impl LeaseWorker {
             status.handover_needed = false;
             // Only now that the gate applied its floor.
             status.applied_tenure = Some(granted.tenure);
+            status.known_mark_ms = status.known_mark_ms.max(granted.reserved_until_ms);
             status.last_error = Text::default();
         });
         self.timing.renew_every()
+    }
+
+    /// Another copy of this server's memory claimed the lease since this run last did (see
+    /// `Verdict::Fenced`): the two may have issued the same ids meanwhile, which no registry can
+    /// see, but from now on this copy issues none under the lease. It becomes a new run of the
+    /// server, which the registry refuses the worker id while the other copy's lease runs.
+    fn fenced(&mut self, worker_id: Option<u16>, expires_at: i64) -> Duration {
+        let name = self.me.name.clone();
+        let retry = self.refused(worker_id, &name, expires_at, false, false);
+        let worker_id = worker_id.map_or("its worker id".into(), |id| format!("worker id {id}"));
+        warning!(
+            "snowid lease worker: another copy of this server's memory (a virtual machine resumed from a snapshot of its memory, or a running one forked) claimed the lease on {worker_id} since this copy last did: this copy issues no more ids under it, and claims again as a new run of the server"
+        );
+        self.me.become_a_new_run();
+        retry
     }
 
     /// The worker id is spent: its high-water mark lies beyond the last millisecond ids can hold.
@@ -495,10 +529,13 @@ impl LeaseWorker {
         else {
             return;
         };
+        let status = shmem::lease_status();
+        let applied = status.applied_tenure.is_some() && status.worker_id == Some(worker_id);
         let release = Release {
             me: &self.me,
             worker_id,
             high_water_ms,
+            known_mark_ms: applied.then_some(status.known_mark_ms),
         };
         if let Err(error) = self.registry.release(&release) {
             return log!(

@@ -18,6 +18,10 @@ pub enum Verdict {
     /// restored or rewritten), and grants it to no new holder before `until`, when every lease it
     /// may have lost has run out.
     Unsettled { until: i64 },
+    /// The lease names this very run of the server, with a mark above every one this run knows of:
+    /// another copy of its memory (a virtual machine resumed from a snapshot of its memory, a
+    /// running one forked) claimed it since, and holds it until `expires_at`.
+    Fenced { expires_at: i64 },
     /// The row's high-water mark lies beyond the last millisecond ids can hold: the worker id is
     /// spent, and issuing under it could only wrap around.
     MarkBeyondLayout { high_water_ms: u64 },
@@ -50,14 +54,17 @@ pub struct ClaimRow {
     pub renewal: Option<bool>,
     pub released: Option<bool>,
     pub tenure: Option<i64>,
+    /// Only from a registry that was told the mark this run knows of (0.9.0 and later).
+    pub fenced: Option<bool>,
 }
 
 impl ClaimRow {
-    /// The row as a remote registry returns it: ten fields of PostgreSQL's text output.
+    /// The row as a remote registry returns it: ten fields of PostgreSQL's text output, or eleven
+    /// with `fenced`.
     pub fn from_text(fields: &[Option<String>]) -> Result<ClaimRow, String> {
-        if fields.len() != 10 {
+        if !(10..=11).contains(&fields.len()) {
             return Err(format!(
-                "the registry returned {} columns, not 10",
+                "the registry returned {} columns, not 10 or 11",
                 fields.len()
             ));
         }
@@ -87,6 +94,7 @@ impl ClaimRow {
             renewal: parse(&fields[7])?,
             released: parse(&fields[8])?,
             tenure: parse(&fields[9])?,
+            fenced: fields.get(10).map(parse::<bool>).transpose()?.flatten(),
         })
     }
 
@@ -100,6 +108,9 @@ impl ClaimRow {
 
     pub fn verdict(self) -> Verdict {
         let expires_at = self.expires_at_unix_ms.unwrap_or(0);
+        if self.fenced == Some(true) {
+            return Verdict::Fenced { expires_at };
+        }
         if self.granted != Some(true) && self.holder_name.is_none() {
             return Verdict::Unsettled { until: expires_at };
         }
@@ -200,9 +211,16 @@ mod tests {
             (Some(false), Some(false), None)
         );
         assert_eq!(row.tenure, Some(1_798_761_600_000_123));
+        assert_eq!(row.fenced, None);
         assert_eq!(
             ClaimRow::from_text(&fields[..9]).unwrap_err(),
-            "the registry returned 9 columns, not 10"
+            "the registry returned 9 columns, not 10 or 11"
+        );
+        let mut with_fenced = fields.clone();
+        with_fenced.push(Some("f".into()));
+        assert_eq!(
+            ClaimRow::from_text(&with_fenced).unwrap().fenced,
+            Some(false)
         );
         let mut wrong = fields.clone();
         wrong[1] = Some("yes".into());
@@ -224,6 +242,7 @@ mod tests {
             renewal: Some(false),
             released: Some(false),
             tenure: Some(1_795_953_600_000_000),
+            fenced: Some(false),
         }
     }
 
@@ -277,6 +296,15 @@ mod tests {
             ..ClaimRow::default()
         };
         assert_eq!(unsettled.verdict(), Verdict::Unsettled { until: 9 });
+        // This very run, with a mark above what it knows of: another copy of its memory holds it.
+        let fenced = ClaimRow {
+            granted: Some(false),
+            holder_name: Some("a:5432".into()),
+            expires_at_unix_ms: Some(9),
+            fenced: Some(true),
+            ..ClaimRow::default()
+        };
+        assert_eq!(fenced.verdict(), Verdict::Fenced { expires_at: 9 });
         let released = ClaimRow {
             granted: Some(false),
             holder_name: Some("b:5433".into()),

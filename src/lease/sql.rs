@@ -16,6 +16,13 @@ pub const CLAIM_HOLDING_SQL: &str =
             continued, renewal, released, tenure \
      FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
+/// As `CLAIM_HOLDING_SQL`, with a tenth parameter: the highest mark this run knows of, and an
+/// eleventh column: whether the claim was refused as `fenced` (snowid 0.9.0 and later).
+pub const CLAIM_FENCED_SQL: &str =
+    "SELECT $1::pg_catalog.int4, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
+            continued, renewal, released, tenure, fenced \
+     FROM snowid.lease_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
 /// Claims a lease on any free worker id of a shared registry. Parameters: as `CLAIM_SQL` without
 /// the worker id and whether expired leases may be taken (they may). Row: as `CLAIM_SQL`.
 pub const CLAIM_ANY_SQL: &str =
@@ -30,6 +37,13 @@ pub const CLAIM_ANY_HOLDING_SQL: &str =
             continued, renewal, released, tenure \
      FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6, $7)";
 
+/// As `CLAIM_ANY_HOLDING_SQL`, with an eighth parameter and an eleventh column as in
+/// `CLAIM_FENCED_SQL` (snowid 0.9.0 and later).
+pub const CLAIM_ANY_FENCED_SQL: &str =
+    "SELECT worker_id, granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms, \
+            continued, renewal, released, tenure, fenced \
+     FROM snowid.lease_claim_any($1, $2, $3, $4, $5, $6, $7, $8)";
+
 /// Whether the registry's claim functions take the lease a server holds (`CLAIM_HOLDING_SQL`,
 /// `CLAIM_ANY_HOLDING_SQL`), as the extension made them, and this role may call them.
 pub const HOLDING_READY_SQL: &str = "SELECT pg_catalog.count(*) = 2 FROM pg_catalog.pg_depend d \
@@ -39,6 +53,18 @@ pub const HOLDING_READY_SQL: &str = "SELECT pg_catalog.count(*) = 2 FROM pg_cata
        AND d.objid IN (\
          pg_catalog.to_regprocedure('snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint, boolean)'), \
          pg_catalog.to_regprocedure('snowid.lease_claim_any(text, text, text, bigint, bigint, bigint, integer)'))";
+
+/// Whether the registry's claim and release functions also take the mark a server knows of
+/// (`CLAIM_FENCED_SQL`, `CLAIM_ANY_FENCED_SQL`, `RELEASE_FENCED_SQL`), as the extension made them,
+/// and this role may call them.
+pub const FENCING_READY_SQL: &str = "SELECT pg_catalog.count(*) = 3 FROM pg_catalog.pg_depend d \
+     JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowid' \
+     WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.deptype = 'e' \
+       AND pg_catalog.has_function_privilege(d.objid, 'EXECUTE') \
+       AND d.objid IN (\
+         pg_catalog.to_regprocedure('snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint, boolean, bigint)'), \
+         pg_catalog.to_regprocedure('snowid.lease_claim_any(text, text, text, bigint, bigint, bigint, integer, bigint)'), \
+         pg_catalog.to_regprocedure('snowid.lease_release(integer, text, text, bigint, bigint, bigint)'))";
 
 /// Who else holds a worker id, for a standby. Parameters: worker id, this server's holder, whether
 /// only a lease that runs counts (on a shared registry). Row, if any: the holder's name and holder.
@@ -50,6 +76,10 @@ pub const OTHER_HOLDER_SQL: &str =
 /// Releases a lease this server holds. Parameters: worker id, holder, incarnation, high-water mark,
 /// timeline.
 pub const RELEASE_SQL: &str = "SELECT snowid.lease_release($1, $2, $3, $4, $5)";
+
+/// As `RELEASE_SQL`, with a sixth parameter: the highest mark this run knows of, -1 for none
+/// (snowid 0.9.0 and later).
+pub const RELEASE_FENCED_SQL: &str = "SELECT snowid.lease_release($1, $2, $3, $4, $5, $6)";
 
 /// Whether the registry database has the lease functions of the extension, at 0.3.0 or later: the
 /// very functions `CREATE EXTENSION snowid` made, never ones of the same name that a role of that

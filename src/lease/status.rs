@@ -85,6 +85,9 @@ pub struct Status {
     pub handover_needed: bool,
     /// With `handover_needed`: the holder released the row, but this server may be a copy of it.
     pub released: bool,
+    /// The worker id the last refusal was about, when the registry named one: a server that leases
+    /// any free worker id is told which was refused, though its next claim asks for none.
+    pub refused_worker_id: Option<u16>,
     /// The holder bears this server's own name: another run of this server, an earlier one whose
     /// lease has not run out or a copy of it (a cloned machine) that renews it.
     pub own_name: bool,
@@ -96,6 +99,9 @@ pub struct Status {
     pub incarnation: u64,
     /// The tenure of the grant the gate was last opened with (see `floor_of_grant`).
     pub applied_tenure: Option<i64>,
+    /// The highest mark this run knows of: every reservation it sent, every mark it was answered
+    /// (see `Verdict::Fenced`); 0 before its first claim.
+    pub known_mark_ms: u64,
     /// When the claim behind the lease held was sent (CLOCK_MONOTONIC ns; 0: none yet).
     pub renewed_ns: u64,
     /// When the lease worker last started unplanned (CLOCK_MONOTONIC ns; 0: never, or planned), so
@@ -109,9 +115,38 @@ pub struct Status {
     pub worker_id_held_by: Text<128>,
 }
 
+impl Status {
+    /// The worker id a refusal names: the one it was about, or the one this server claims.
+    pub fn named_worker_id(&self) -> Option<u16> {
+        match self.state {
+            State::HeldByOther => self.refused_worker_id.or(self.worker_id),
+            _ => self.worker_id,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_names_the_worker_id_it_was_about() {
+        let mut status = Status {
+            state: State::HeldByOther,
+            refused_worker_id: Some(1),
+            ..Status::default()
+        };
+        assert_eq!(status.named_worker_id(), Some(1));
+        // Granted since: the worker id held.
+        status.state = State::Held;
+        status.worker_id = Some(2);
+        assert_eq!(status.named_worker_id(), Some(2));
+        // Refused with no worker id named: every one of them is leased.
+        status.state = State::HeldByOther;
+        status.worker_id = None;
+        status.refused_worker_id = None;
+        assert_eq!(status.named_worker_id(), None);
+    }
 
     #[test]
     fn text_keeps_whole_characters() {

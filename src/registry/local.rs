@@ -47,6 +47,9 @@ impl Local {
                     renewal: row.get(8)?,
                     released: row.get(9)?,
                     tenure: row.get(10)?,
+                    // The lease table on this server goes back, or forks, with its memory: a claim
+                    // from it says no mark.
+                    fenced: None,
                 })
             })
             .map_err(|error: pgrx::spi::SpiError| error.to_string())

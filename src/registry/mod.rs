@@ -49,8 +49,7 @@ impl Registry {
             }
             Registry::Remote(registry) => {
                 let call = ClaimCall::new(request, false);
-                let holding = (call.holding_sql, call.holding);
-                Ok(registry.claim(call.sql, &call.params, holding)?.answer())
+                Ok(registry.claim(&call)?.answer())
             }
         }
     }
@@ -90,6 +89,7 @@ impl Registry {
             me,
             worker_id,
             high_water_ms,
+            known_mark_ms,
         } = *release;
         let params = [
             Param::Int(i32::from(worker_id)),
@@ -101,7 +101,7 @@ impl Registry {
         match self {
             Registry::Etcd(etcd) => etcd.release(release),
             Registry::Local(local) => local.release(&params).map_err(Failure::Error),
-            Registry::Remote(remote) => remote.release(&params),
+            Registry::Remote(remote) => remote.release(&params, known_mark_param(known_mark_ms)),
         }
     }
 }
@@ -115,31 +115,40 @@ pub struct OtherHolder {
 /// A claim of `worker_id`'s lease, or with `None` of any free worker id's, by `me`, reserving ids
 /// up to `reserve_until_ms` (ms since the snowid epoch) for `timing`'s time-to-live. `held` is the
 /// lease this run of the server issues under, whose word a shared registry or etcd that may have
-/// lost its record of that lease takes.
+/// lost its record of that lease takes. `known_mark_ms` is the highest mark this run knows of
+/// before this claim, when it applied a grant of the worker id: above it, a lease naming this very
+/// run was claimed by another copy of it (see `lease::Verdict::Fenced`).
 pub struct ClaimRequest<'a> {
     pub me: &'a Claimant,
     pub worker_id: Option<u16>,
     pub timing: Timing,
     pub reserve_until_ms: u64,
     pub held: Option<Held>,
+    pub known_mark_ms: Option<u64>,
 }
 
 /// The release of `worker_id`'s lease, held by `me`, lowering its mark to `high_water_ms` (above
-/// every id issued under it).
+/// every id issued under it); refused by a lease with a mark above `known_mark_ms`, as a claim is.
 pub struct Release<'a> {
     pub me: &'a Claimant,
     pub worker_id: u16,
     pub high_water_ms: u64,
+    pub known_mark_ms: Option<u64>,
 }
 
 /// A claim through the lease functions of a PostgreSQL registry: the function (as the registry
-/// knows of the lease held or not) and its parameters, in their order.
-struct ClaimCall {
-    sql: &'static str,
+/// knows of the lease held and of the mark this run knows, or not) and its parameters, in their
+/// order.
+pub struct ClaimCall {
+    pub sql: &'static str,
     /// The function of a registry that takes the lease held (0.8.0 and later), and what it is told.
-    holding_sql: &'static str,
-    holding: Param,
-    params: Vec<Param>,
+    pub holding_sql: &'static str,
+    pub holding: Param,
+    /// The function of a registry that also takes the mark this run knows of (0.9.0 and later),
+    /// and that mark.
+    pub fencing_sql: &'static str,
+    pub known_mark: Param,
+    pub params: Vec<Param>,
 }
 
 impl ClaimCall {
@@ -150,15 +159,17 @@ impl ClaimCall {
             timing,
             reserve_until_ms,
             held,
+            known_mark_ms,
         } = *request;
         let mut params = vec![];
-        let (sql, holding_sql, holding) = match worker_id {
+        let (sql, holding_sql, fencing_sql, holding) = match worker_id {
             Some(worker_id) => {
                 params.push(Param::Int(i32::from(worker_id)));
                 let holding = held.is_some_and(|held| held.worker_id == worker_id);
                 (
                     lease::CLAIM_SQL,
                     lease::CLAIM_HOLDING_SQL,
+                    lease::CLAIM_FENCED_SQL,
                     Param::Bool(holding),
                 )
             }
@@ -167,6 +178,7 @@ impl ClaimCall {
                 (
                     lease::CLAIM_ANY_SQL,
                     lease::CLAIM_ANY_HOLDING_SQL,
+                    lease::CLAIM_ANY_FENCED_SQL,
                     Param::Int(holding),
                 )
             }
@@ -188,9 +200,16 @@ impl ClaimCall {
             sql,
             holding_sql,
             holding,
+            fencing_sql,
+            known_mark: known_mark_param(known_mark_ms),
             params,
         }
     }
+}
+
+/// The mark a run knows of as the lease functions take it: -1 for none.
+fn known_mark_param(known_mark_ms: Option<u64>) -> Param {
+    Param::Big(known_mark_ms.map_or(-1, |known| known as i64))
 }
 
 /// How `snowid_status()` names the registry: never with the connection string, which may hold a

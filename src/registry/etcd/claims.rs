@@ -81,7 +81,9 @@ impl Etcd {
         let Some(worker_id) = worker_id else {
             return self.claim_any(request, budget);
         };
-        for _ in 0..ATTEMPTS {
+        let again = request.after_an_attempt();
+        for attempt in 0..ATTEMPTS {
+            let request = if attempt == 0 { request } else { &again };
             if let Some(row) = self.try_claim(worker_id, request, budget)? {
                 return Ok(row);
             }
@@ -91,10 +93,12 @@ impl Etcd {
         )))
     }
 
-    fn claim_any(&mut self, request: &Request, budget: Instant) -> Result<Answer, Failure> {
+    fn claim_any(&mut self, first: &Request, budget: Instant) -> Result<Answer, Failure> {
         // Worker ids whose keys are gone while another server's etcd lease on them runs.
         let mut leased: Vec<u16> = vec![];
         let mut lost_races = 0;
+        let again = first.after_an_attempt();
+        let mut request = first;
         while lost_races < ATTEMPTS {
             let recorded = self
                 .range_prefix("holders", budget)?
@@ -137,7 +141,9 @@ impl Etcd {
                     }
                 }
             };
-            match self.try_claim(worker_id, request, budget)? {
+            let answer = self.try_claim(worker_id, request, budget)?;
+            request = &again;
+            match answer {
                 // Its keys are this server's now, a spent worker id's too.
                 Some(answer)
                     if matches!(
@@ -184,6 +190,15 @@ impl Etcd {
                     registry_ms,
                     left_s,
                 )));
+            }
+            Plan::Fenced { lease } => {
+                let left_s = self.time_to_live(lease, budget)?.max(0);
+                return Ok(Some(Answer {
+                    worker_id: Some(worker_id),
+                    verdict: Verdict::Fenced {
+                        expires_at: registry_ms.saturating_add(left_s.saturating_mul(1000)),
+                    },
+                }));
             }
             Plan::Renew { lease, holder } => {
                 let renewal = Renewal {
@@ -355,13 +370,16 @@ impl Etcd {
     }
 
     /// Releases `worker_id`, held by this run of the server, lowering its mark to `high_water_ms`
-    /// (never below the mark it took the key at); nothing when another holds it.
+    /// (never below the mark it took the key at); nothing when another holds it, or when its mark
+    /// lies above `known_mark_ms` (another copy of this run's memory claimed it since, see
+    /// `Plan::Fenced`).
     pub fn release(
         &mut self,
         worker_id: u16,
         holder: &str,
         incarnation: &str,
         high_water_ms: u64,
+        known_mark_ms: Option<u64>,
         budget: Instant,
     ) -> Result<(), Failure> {
         for _ in 0..ATTEMPTS {
@@ -373,6 +391,9 @@ impl Etcd {
                 return Ok(());
             };
             let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
+            if known_mark_ms.is_some_and(|known| mark_ms > known) {
+                return Ok(());
+            }
             let lowered = own.acquired_mark_ms.max(mark_ms.min(high_water_ms));
             let ops = vec![
                 put(&self.key("marks", worker_id), &lowered.to_string(), 0),

@@ -24,6 +24,22 @@ pub struct Request<'a> {
     pub now_unix_us: i64,
     /// The lease this run of the server holds and issues under, if any.
     pub held: Option<Held>,
+    /// The highest mark this run knows of, when it applied a grant of the worker id (see
+    /// `Plan::Fenced`).
+    pub known_mark_ms: Option<u64>,
+}
+
+impl<'a> Request<'a> {
+    /// The request as a claim sends it again after an attempt that may have written its mark, which
+    /// this run then knows of.
+    pub fn after_an_attempt(&self) -> Request<'a> {
+        Request {
+            known_mark_ms: self
+                .known_mark_ms
+                .map(|known| known.max(self.reserve_until_ms)),
+            ..*self
+        }
+    }
 }
 
 /// A lease a server holds: its worker id, and the tenure of the grant it applied.
@@ -134,6 +150,9 @@ pub enum Plan {
     /// Another server, or another run of this one (a copy of it, or an earlier run whose etcd lease
     /// has not run out yet), holds it under this etcd lease.
     Refuse { holder_name: String, lease: i64 },
+    /// The keys name this very run, with a mark above every one it knows of: another copy of its
+    /// memory claimed them since, and holds them under this etcd lease. Nothing is written.
+    Fenced { lease: i64 },
 }
 
 /// Decides a claim of the worker id `snapshot` shows.
@@ -152,9 +171,15 @@ pub fn plan(snapshot: &KeysRead, request: &Request) -> Result<Plan, String> {
         Some(holder)
             if holder.holder == request.holder && holder.incarnation == request.incarnation =>
         {
-            Plan::Renew {
-                lease: snapshot.worker.lease,
-                holder,
+            if request.known_mark_ms.is_some_and(|known| mark_ms > known) {
+                Plan::Fenced {
+                    lease: snapshot.worker.lease,
+                }
+            } else {
+                Plan::Renew {
+                    lease: snapshot.worker.lease,
+                    holder,
+                }
             }
         }
         _ => Plan::Refuse {
@@ -191,6 +216,7 @@ mod tests {
             reserve_until_ms: 100_000 + 30_000,
             now_unix_us: 1_795_953_600_000_000,
             held: None,
+            known_mark_ms: Some(130_000),
         }
     }
 
@@ -280,6 +306,55 @@ mod tests {
             Ok(Plan::Take { floor_ms: 120_000 })
         );
         assert_eq!(written_back.other_holder("7351-aaaa"), None);
+    }
+
+    #[test]
+    fn keys_of_this_very_run_with_a_mark_above_what_it_knows_of_fence_it_off() {
+        // This run knows of marks up to 130 s: its keys at 130 s are its own renewal's, at 130.001 s
+        // another copy of its memory's (a virtual machine resumed from a snapshot, a fork).
+        let own = holder("7351-aaaa", "run2", "pg@node2:5432");
+        let renewal = Plan::Renew {
+            lease: 77,
+            holder: own.clone(),
+        };
+        assert_eq!(
+            plan(&snapshot(Some(&own), 130_000), &request()),
+            Ok(renewal.clone())
+        );
+        let fenced = Ok(Plan::Fenced { lease: 77 });
+        assert_eq!(plan(&snapshot(Some(&own), 130_001), &request()), fenced);
+        // A copy resumed from before this run's first grant knows of no mark: its claim is one
+        // whose answer it never had, above the mark.
+        let resumed = Request {
+            known_mark_ms: None,
+            ..request()
+        };
+        assert_eq!(
+            plan(&snapshot(Some(&own), 900_000), &resumed),
+            Ok(renewal.clone())
+        );
+        // An attempt sent again after one whose answer was lost knows of the mark that one wrote.
+        let sent = Request {
+            reserve_until_ms: 160_000,
+            ..request()
+        };
+        assert_eq!(plan(&snapshot(Some(&own), 160_000), &sent), fenced);
+        assert_eq!(
+            plan(&snapshot(Some(&own), 160_000), &sent.after_an_attempt()),
+            Ok(renewal)
+        );
+        // Another run's keys: refused whatever their mark, as a run that is not this one.
+        let earlier = Holder {
+            incarnation: "run1".into(),
+            ..own
+        };
+        assert_eq!(
+            plan(&snapshot(Some(&earlier), 900_000), &request()),
+            Ok(Plan::Refuse {
+                holder_name: "pg@node2:5432".into(),
+                lease: 77
+            })
+        );
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl EtcdRegistry {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |since| since.as_micros() as i64),
             held: claim.held,
+            known_mark_ms: claim.known_mark_ms,
         };
         // A claim that cannot finish within a renewal interval gives way to the next, which starts
         // at the next member, so that the status says the registry is unreachable well before
@@ -86,6 +87,7 @@ impl EtcdRegistry {
             &release.me.holder,
             &release.me.incarnation,
             release.high_water_ms,
+            release.known_mark_ms,
             budget,
         )
     }

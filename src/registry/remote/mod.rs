@@ -8,7 +8,7 @@
 mod conninfo;
 mod pq;
 
-use super::{Failure, Param, RELEASE_BUDGET};
+use super::{ClaimCall, Failure, Param, RELEASE_BUDGET};
 use crate::lease::{self, ClaimRow, Text};
 use crate::shmem;
 use crate::signals::{sigterm_arrived, sleep_unless_stopped};
@@ -26,6 +26,8 @@ pub struct Remote {
     /// it (see `lease::HOLDING_READY_SQL`): asked again at each claim until it does, so that a
     /// registry updated or granted meanwhile is used as such.
     takes_holding: bool,
+    /// The same for the mark a server knows of (see `lease::FENCING_READY_SQL`).
+    takes_known_mark: bool,
 }
 
 impl Remote {
@@ -49,32 +51,37 @@ impl Remote {
             hosts: conninfo::per_host(conninfo::session_parameters(options)),
             connection: None,
             takes_holding: false,
+            takes_known_mark: false,
         })
     }
 
-    /// Claims with `sql`, or, from a registry that takes the lease held, with `holding`'s query and
-    /// its parameter added.
-    pub fn claim(
-        &mut self,
-        sql: &str,
-        params: &[Param],
-        holding: (&str, Param),
-    ) -> Result<ClaimRow, Failure> {
-        if !self.takes_holding {
-            let ready = self.call(lease::HOLDING_READY_SQL, &[], None)?;
-            self.takes_holding = ready == [[Some("t".to_string())]];
+    /// Claims with the newest of `call`'s functions the registry takes: the one that is told the
+    /// mark this run knows of too, the one that is told the lease held, or the one before them.
+    pub fn claim(&mut self, call: &ClaimCall) -> Result<ClaimRow, Failure> {
+        if !self.takes_known_mark {
+            self.takes_known_mark = self.answers_true(lease::FENCING_READY_SQL)?;
         }
-        let rows = if self.takes_holding {
-            let (holding_sql, held) = holding;
-            let params: Vec<Param> = params.iter().cloned().chain([held]).collect();
-            self.call(holding_sql, &params, None)?
+        if !self.takes_holding {
+            self.takes_holding = self.answers_true(lease::HOLDING_READY_SQL)?;
+        }
+        let with_holding = || call.params.iter().cloned().chain([call.holding.clone()]);
+        let rows = if self.takes_known_mark {
+            let params: Vec<Param> = with_holding().chain([call.known_mark.clone()]).collect();
+            self.call(call.fencing_sql, &params, None)?
+        } else if self.takes_holding {
+            let params: Vec<Param> = with_holding().collect();
+            self.call(call.holding_sql, &params, None)?
         } else {
-            self.call(sql, params, None)?
+            self.call(call.sql, &call.params, None)?
         };
         let row = rows
             .first()
             .ok_or_else(|| Failure::Error("the registry returned no row".into()))?;
         ClaimRow::from_text(row).map_err(Failure::Error)
+    }
+
+    fn answers_true(&mut self, sql: &str) -> Result<bool, Failure> {
+        Ok(self.call(sql, &[], None)? == [[Some("t".to_string())]])
     }
 
     pub fn other_holder(&mut self, params: &[Param]) -> Result<Option<(String, String)>, Failure> {
@@ -90,10 +97,16 @@ impl Remote {
 
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
     /// the registry's hosts do (name resolution aside); a lease not released runs out by itself.
-    pub fn release(&mut self, params: &[Param]) -> Result<(), Failure> {
+    /// A registry that took the mark this run knows of at its claims is told it (`known_mark`).
+    pub fn release(&mut self, params: &[Param], known_mark: Param) -> Result<(), Failure> {
         let budget = Instant::now() + RELEASE_BUDGET;
-        self.call(lease::RELEASE_SQL, params, Some(budget))
-            .map(|_| ())
+        if self.takes_known_mark {
+            let params: Vec<Param> = params.iter().cloned().chain([known_mark]).collect();
+            self.call(lease::RELEASE_FENCED_SQL, &params, Some(budget))
+        } else {
+            self.call(lease::RELEASE_SQL, params, Some(budget))
+        }
+        .map(|_| ())
     }
 
     /// Runs `sql` on the registry, connecting first if needed, all before `budget` if there is
@@ -107,6 +120,7 @@ impl Remote {
         if self.connection.is_none() {
             self.connection = Some(self.connect(budget)?);
             self.takes_holding = false;
+            self.takes_known_mark = false;
         }
         let connection = self.connection.as_mut().expect("connected above");
         let params: Vec<String> = params.iter().map(Param::text).collect();

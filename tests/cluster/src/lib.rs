@@ -1346,6 +1346,62 @@ impl PreparedNode {
     }
 }
 
+/// After another copy of `holder`'s memory claimed its lease on worker id 4 at `copied_at`,
+/// reserving ids up to `copy_reserved_ms`, while `calls[0]` were the holder's and `calls[1]` those
+/// of a second server with the same worker id: the holder issued, its ids increasing, until its
+/// first claim after the copy's, which was fenced off (refused under its own name, one WARNING);
+/// the second server issued nothing before; then one of the two took the worker id above the
+/// copy's reservation and the other issued nothing more; no id twice. Prints the figures.
+pub fn assert_fenced_off_then_taken(
+    holder: &Node,
+    calls: &[Vec<Call>],
+    copied_at: Duration,
+    copy_reserved_ms: i64,
+) {
+    let [holder_calls, second_calls] = [&calls[0], &calls[1]];
+    let fenced_at = holder_calls
+        .iter()
+        .position(|call| call.result.is_err())
+        .expect("the holder was fenced off");
+    assert!(holder_calls[fenced_at].at > copied_at);
+    let results = holder_calls.iter().map(|call| &call.result);
+    increasing_ids(results, "the holder's ids increase");
+    let before = distinct_ids(&holder_calls[..fenced_at]);
+    let own_name = format!(
+        "under this server's own name, {}, by another run",
+        holder.holder_name()
+    );
+    let first_refusal = holder_calls[fenced_at].result.as_ref().unwrap_err();
+    assert!(first_refusal.contains(&own_name), "{first_refusal}");
+    let warning = "WARNING:  snowid lease worker: another copy of this server's memory (a virtual \
+                   machine resumed from a snapshot of its memory, or a running one forked) claimed \
+                   the lease on worker id 4 since this copy last did";
+    assert_eq!(holder.cluster.log().matches(warning).count(), 1);
+    let after = |calls: &[Call]| distinct_ids(calls.iter().filter(|call| call.at > copied_at));
+    let (holder_after, second_after) = (after(&holder_calls[fenced_at..]), after(second_calls));
+    assert_eq!(distinct_ids(second_calls.iter()).len(), second_after.len());
+    let taken = match (holder_after.is_empty(), second_after.is_empty()) {
+        (true, false) => &second_after,
+        (false, true) => &holder_after,
+        both => panic!("one of the two issues again, not {both:?}"),
+    };
+    assert!(ids::millis_of(taken[0]) >= copy_reserved_ms);
+    assert!(taken[0] > *before.last().unwrap());
+    let every = distinct_ids(calls.iter().flatten());
+    println!(
+        "{} ids in all: the holder's {} until its claim {:?} after the copy's, then {} by the {}",
+        every.len(),
+        before.len(),
+        holder_calls[fenced_at].at - copied_at,
+        taken.len(),
+        if holder_after.is_empty() {
+            "second server"
+        } else {
+            "holder as a new run"
+        }
+    );
+}
+
 /// One call of an application: when it ended, relative to the start, and its id or refusal.
 pub struct Call {
     pub at: Duration,

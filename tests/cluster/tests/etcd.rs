@@ -3,7 +3,8 @@
 //! etcdctl; a second server with the same worker id, a standby configured with its primary's, a
 //! holder that crashed, four nodes picking any worker id, etcd's leader killed, every member frozen
 //! past the lease, TLS with client certificates and user authentication, a member that never
-//! answers. Every id is collected from every node: none is issued twice.
+//! answers, a copy of a holder's memory raising its mark. Every id is collected from every node:
+//! none is issued twice.
 
 use postgres::Client;
 use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
@@ -13,8 +14,9 @@ use snowid_cluster_tests::loss::{
 };
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    calls_during, distinct_ids, give_to_postgres, lease_worker_pid, next_id, next_id_once_issuing,
-    remove_unless_failed, wait_for, wait_for_lease_state, watch_conflict_refusals, Node,
+    assert_fenced_off_then_taken, calls_during, distinct_ids, give_to_postgres, lease_worker_pid,
+    next_id, next_id_once_issuing, remove_unless_failed, wait_for, wait_for_lease_state,
+    watch_conflict_refusals, Node,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -875,4 +877,40 @@ fn a_copy_of_a_node_holding_its_keys_is_named_and_never_taken_from() {
     let after = next_id(&mut client).unwrap();
     assert!(after > *ids.last().unwrap());
     assert_eq!(etcd.get("/snowid/workers/8"), Some(name));
+}
+
+/// A copy of a holder's memory (a virtual machine resumed from a snapshot of its memory, a live
+/// fork), as etcd sees it: its renewal raises the mark of the holder's keys to its own reservation,
+/// played here by etcdctl, while a second server with the holder's worker id is refused. The
+/// holder's next claim is fenced off and writes nothing, its log says why, and once the etcd lease
+/// ran out one of the two takes the worker id above the copy's reservation.
+#[test]
+fn a_copy_of_a_holders_memory_that_claims_its_keys_fences_the_holder_off() {
+    const TTL_MS: i64 = 6000;
+    let ttl_s = (TTL_MS / 1000) as u32;
+    let (_dir, etcd, holder) = etcd_with_node("copy", 4, ttl_s);
+    let ttl = format!("snowid.lease_ttl = {ttl_s}");
+    let second = Node::start("copy-second", Some(4), &registry(&etcd), &[&ttl]);
+    let nodes = [&holder, &second];
+    let (calls, (copied_at, copy_reserved_ms)) = calls_during(&nodes, |started| {
+        // Right after a renewal of the holder's: its next claim is the first after the copy's.
+        let before = mark(&etcd, 4);
+        wait_for("a renewal of the holder's", Duration::from_secs(4), || {
+            mark(&etcd, 4) != before
+        });
+        // Later than the holder's last reservation, as the copy's claim comes after it.
+        let reserved_ms = (millis_now() + TTL_MS).max(mark(&etcd, 4) + 1);
+        etcd.etcdctl(&["put", "/snowid/marks/4", &reserved_ms.to_string()]);
+        let copied_at = started.elapsed();
+        let record = etcd.get("/snowid/holders/4");
+        let mut clients = nodes.map(|node| node.cluster.connect());
+        wait_for("worker id 4 held again", Duration::from_secs(15), || {
+            etcd.get("/snowid/holders/4")
+                .is_some_and(|now| Some(&now) != record.as_ref())
+                && clients.iter_mut().any(|client| status(client).0 == "held")
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        (copied_at, reserved_ms)
+    });
+    assert_fenced_off_then_taken(&holder, &calls, copied_at, copy_reserved_ms);
 }

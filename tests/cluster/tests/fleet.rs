@@ -19,6 +19,11 @@
 //!   refused.
 //! - Durability: a node whose claim waits for the registry's synchronous standby does not act on it
 //!   until the commit returns, even where the registry's own default would not wait.
+//! - A copy of a holder's memory (a virtual machine resumed from a snapshot of its memory, a live
+//!   fork), as the registry sees it: a claim renews the lease with the holder's own holder and
+//!   incarnation while the holder issues and a second server with its worker id is refused; the
+//!   holder's next claim is fenced off, its log says why, and once the copy's lease ran out one of
+//!   the two takes the worker id above the copy's reservation.
 //! - Responsiveness: a registry address that accepts connections and never answers delays no fast
 //!   shutdown, and as the first of two hosts is given up after its connect_timeout; with no host
 //!   answering, each one's failure is named; a registry that stops answering delays a holder's
@@ -29,8 +34,8 @@ use postgres::Client;
 use snowid_cluster_tests::ids::unix_ms;
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    calls_every, error_text, give_to_postgres, query_value, signal_all, wait_for,
-    wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node,
+    assert_fenced_off_then_taken, calls_every, error_text, give_to_postgres, query_value,
+    signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -1141,4 +1146,72 @@ fn two_servers_with_one_identity_never_take_the_lease_from_each_other() {
         .unwrap()
         .get(0);
     assert!(after > *ids.last().unwrap());
+}
+
+/// The other copy's claim: the lease on worker id 4 renewed with the holder's own holder,
+/// incarnation and name, knowing of the mark as it stands, and reserving, as the holder would, the
+/// registry's clock plus the lease's time-to-live, later than the holder's last reservation.
+const COPY_CLAIM: &str = "SELECT granted, renewal, fenced, reserved_until_ms \
+     FROM (SELECT high_water_ms AS mark FROM snowid.worker_lease WHERE worker_id = 4) l, \
+     snowid.lease_claim(4, $1, $2, $3, 6000, \
+         greatest((extract(epoch FROM clock_timestamp()) * 1000)::int8 - 1767225600000 + 6000, \
+                  l.mark + 1), \
+         true, 1, true, l.mark)";
+
+#[test]
+fn a_copy_of_a_holders_memory_that_claims_its_lease_fences_the_holder_off() {
+    let registry = registry("copy-registry", &[]);
+    let conninfo = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres",
+        registry.port
+    );
+    // Renewed every 2 s.
+    let ttl = ["snowid.lease_ttl = 6"];
+    let holder = Node::start("copy-holder", Some(4), &conninfo, &ttl);
+    assert_holds(&holder, 4);
+    // A second server with the same worker id, refused while the holder renews.
+    let second = Node::start("copy-second", Some(4), &conninfo, &ttl);
+    let mut admin = registry.connect();
+    let (holder_id, incarnation, name, _, _, _) = lease_row(&mut admin, 4);
+    let renewed_at = |admin: &mut Client| -> i64 {
+        query_value(
+            admin,
+            "SELECT (extract(epoch FROM renewed_at) * 1000)::int8 \
+             FROM snowid.worker_lease WHERE worker_id = 4",
+        )
+    };
+    let nodes = [&holder, &second];
+    let (calls, (copied_at, copy_reserved_ms)) =
+        calls_every(Duration::from_millis(2), &nodes, |started| {
+            // Right after a renewal of the holder's: its next claim is the first after the copy's.
+            let before = renewed_at(&mut admin);
+            wait_for("a renewal of the holder's", Duration::from_secs(4), || {
+                renewed_at(&mut admin) != before
+            });
+            // With the table locked against the holder's claims, so that the mark the copy knows
+            // of is the row's as the copy claims.
+            let mut copying = admin.transaction().unwrap();
+            copying
+                .batch_execute("LOCK TABLE snowid.worker_lease IN SHARE ROW EXCLUSIVE MODE")
+                .unwrap();
+            let copy = copying
+                .query_one(COPY_CLAIM, &[&holder_id, &incarnation, &name])
+                .unwrap();
+            copying.commit().unwrap();
+            let copied_at = started.elapsed();
+            assert_eq!(
+                (copy.get(0), copy.get(1), copy.get(2)),
+                (true, true, false),
+                "the registry takes the copy for the holder"
+            );
+            // Once the copy's lease ran out, one of the two servers holds worker id 4.
+            let mut clients = nodes.map(|node| node.cluster.connect());
+            wait_for("worker id 4 held again", Duration::from_secs(15), || {
+                lease_row(&mut admin, 4).1 != incarnation
+                    && clients.iter_mut().any(|client| status(client).0 == "held")
+            });
+            std::thread::sleep(Duration::from_secs(2));
+            (copied_at, copy.get::<_, i64>(3))
+        });
+    assert_fenced_off_then_taken(&holder, &calls, copied_at, copy_reserved_ms);
 }

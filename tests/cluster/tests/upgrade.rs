@@ -50,9 +50,9 @@ fn current() -> String {
 /// the lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
     if server_version_num(client) >= 170000 {
-        29
+        32
     } else {
-        25
+        28
     }
 }
 
@@ -181,7 +181,18 @@ fn updating_from_0_6_0_keeps_every_lease_row_and_mark() {
 
 #[test]
 fn updating_from_0_7_0_keeps_every_lease_row_and_mark() {
-    let (cluster, mut old) = installed("upgrade-0.7.0", "0.7.0", &[]);
+    assert_update_keeps_every_lease_row_and_mark("0.7.0");
+}
+
+#[test]
+fn updating_from_0_8_0_keeps_every_lease_row_and_mark() {
+    assert_update_keeps_every_lease_row_and_mark("0.8.0");
+}
+
+/// From `version`, with a held and a released row beside the server's own: the update gives what a
+/// fresh install gives, and every row stays as it was.
+fn assert_update_keeps_every_lease_row_and_mark(version: &str) {
+    let (cluster, mut old) = installed(&format!("upgrade-{version}"), version, &[]);
     assert_eq!(cluster.wait_for_lease(&mut old), "held");
     old.batch_execute(
         "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, holder_name, acquired_at,
@@ -196,7 +207,7 @@ fn updating_from_0_7_0_keeps_every_lease_row_and_mark() {
         "SELECT w::text FROM snowid.worker_lease w WHERE worker_id <> 21 ORDER BY worker_id";
     let before = texts(&mut old, ROWS);
     assert_eq!(before.len(), 2);
-    update_and_compare_with_fresh(&cluster, &mut old, "0.7.0");
+    update_and_compare_with_fresh(&cluster, &mut old, version);
     assert_eq!(texts(&mut old, ROWS), before);
 }
 

@@ -1,0 +1,281 @@
+-- snowid 0.8.0 -> 0.9.0: fencing. A claim or release of a lease says the highest mark this run of
+-- the holder knows of (every reservation it sent, every mark it was answered), and a row that names
+-- this very run with a higher mark refuses it, the claim as `fenced`, leaving the row as it is:
+-- another copy of the run's memory claimed the row since (a virtual machine resumed from a snapshot
+-- of its memory, a running one forked). The claim and release functions of 0.8.0 become wrappers
+-- of the new ones, for servers that do not say; their grants stay. Every lease row and mark stays.
+
+-- Acquires or renews a lease. Granted when the row is held by the same server (with
+-- p_takeover_on_expiry, by the same run of it, or by an earlier run whose lease expired; without,
+-- a restart of it takes its lease back at once), is free, or, with p_takeover_on_expiry, is held
+-- by another server whose lease expired. A registry in the server's own data directory passes false: it
+-- cannot see the renewals of a server whose data directory this one's is a copy of. There a free
+-- row that another server released is granted only to a server it cannot be a copy of: one with
+-- another system identifier (pg_upgrade), or on a later timeline (a standby promoted after its
+-- primary stopped). floor_ms is the row's high-water mark before this claim, above which a new
+-- holder starts; `continued` says whether this holder held the row already, `renewal` whether
+-- this run of it did, and `tenure` (when this run took the row, in microseconds since 1970) lets it
+-- tell a renewal of the grant it applied from one whose first answer it never got; every claim
+-- raises the mark to the claimant's reservation, which may lie at most an hour and the lease's
+-- time-to-live ahead of this registry's clock. The caller's login role holds the lease: a live
+-- lease claimed as its holder by another role (a superuser excepted) is refused with 42501. A
+-- refusal names the holder; one with no name says that a shared registry in a new epoch (see
+-- registry_epoch) grants nothing before expires_at_unix_ms but the renewal of a lease that runs: by
+-- its row, or by the word of its holder (p_holding), whose row the registry may have lost.
+-- p_known_mark_ms is the highest mark this run of the holder knows of (every reservation it sent,
+-- every mark it was answered; -1: it does not say): its claim of a row that names this very run
+-- with a higher mark is refused as `fenced`, and leaves the row as it is, since another copy of
+-- its memory claimed the row since (a virtual machine resumed from a snapshot of its memory, a
+-- running one forked).
+CREATE FUNCTION snowid.lease_claim(
+    p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
+    p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
+    p_holding boolean, p_known_mark_ms bigint,
+    OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint, OUT fenced boolean)
+LANGUAGE plpgsql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    lease snowid.worker_lease;
+    claimed_at timestamptz := clock_timestamp();
+    locked boolean := false;
+    trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
+    settles_at timestamptz;
+BEGIN
+    fenced := false;
+    IF p_ttl_ms NOT BETWEEN 1000 AND 3600000 THEN
+        RAISE EXCEPTION 'a lease''s time-to-live must be between 1000 and 3600000 ms, not %', p_ttl_ms
+            USING ERRCODE = '22023';
+    END IF;
+    p_reserve_until_ms := least(p_reserve_until_ms,
+        (extract(epoch FROM claimed_at) * 1000)::bigint - 1767225600000 + p_ttl_ms + 3600000);
+    -- The row first: a rewrite of the table (TRUNCATE) then waits for this claim to end, and
+    -- comes after the epoch it reads.
+    INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
+    -- Decided on the row as it stands, then again once locked: a claim that is refused never
+    -- locks the row, so that no role can hold up another's renewals by leaving its transaction open.
+    LOOP
+        IF locked THEN
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
+        ELSE
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
+        END IF;
+        IF lease.holder = p_holder AND lease.expires_at > claimed_at AND NOT trusted
+           AND lease.holder_role IS DISTINCT FROM session_user THEN
+            RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
+                p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
+                USING ERRCODE = '42501';
+        END IF;
+        -- The row names this very run with a mark above every one it knows of, whether its lease
+        -- runs or not: another copy of its memory claimed since. Nothing changes, the epoch
+        -- included.
+        IF p_known_mark_ms >= 0 AND lease.holder = p_holder AND lease.incarnation = p_incarnation
+           AND lease.high_water_ms > p_known_mark_ms THEN
+            granted := false;
+            fenced := true;
+            holder_name := coalesce(lease.holder_name, lease.holder);
+            expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
+            released := false;
+            RETURN;
+        END IF;
+        IF p_takeover_on_expiry AND NOT locked THEN
+            settles_at := snowid.registry_settles_at(p_ttl_ms, claimed_at, p_holding AND NOT EXISTS (
+                SELECT FROM snowid.worker_lease l
+                 WHERE l.worker_id = p_worker_id AND l.holder = p_holder
+                   AND l.incarnation = p_incarnation AND l.expires_at > claimed_at));
+        END IF;
+        released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
+        IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
+            AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at))
+           -- On a shared registry, another run of this holder whose lease runs: an earlier run
+           -- not yet run out, or a copy of this server (a cloned machine) that renews it.
+           OR (p_takeover_on_expiry AND lease.holder = p_holder
+               AND lease.incarnation IS DISTINCT FROM p_incarnation AND lease.expires_at > claimed_at)
+           OR (released AND NOT p_takeover_on_expiry AND lease.released_by <> p_holder
+               AND split_part(lease.released_by, '-', 1) = split_part(p_holder, '-', 1)
+               AND lease.released_timeline >= p_timeline) THEN
+            granted := false;
+            holder_name := coalesce(lease.holder_name, lease.holder, lease.released_by);
+            expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
+            RETURN;
+        END IF;
+        -- A shared registry in a new epoch may have lost the rows of leases that run: it renews a
+        -- lease that runs, by its row or by its holder's word, and grants nothing else before it
+        -- settles, which it says with no holder's name.
+        IF settles_at > claimed_at AND NOT p_holding
+           AND (lease.holder = p_holder AND lease.incarnation = p_incarnation
+                AND lease.expires_at > claimed_at) IS NOT TRUE THEN
+            granted := false;
+            expires_at_unix_ms := (extract(epoch FROM settles_at) * 1000)::bigint;
+            released := false;
+            RETURN;
+        END IF;
+        EXIT WHEN locked;
+        locked := true;
+    END LOOP;
+    granted := true;
+    floor_ms := lease.high_water_ms;
+    -- Another role naming the holder (the row is readable) takes the row over, and cannot release
+    -- it below the mark as it stands.
+    continued := coalesce(lease.holder = p_holder
+                          AND (trusted OR lease.holder_role = session_user), false);
+    renewal := continued AND lease.incarnation IS NOT DISTINCT FROM p_incarnation;
+    UPDATE snowid.worker_lease l
+       SET holder = p_holder, incarnation = p_incarnation, holder_name = p_holder_name,
+           acquired_at = CASE WHEN renewal THEN l.acquired_at ELSE claimed_at END,
+           renewed_at = claimed_at,
+           expires_at = claimed_at + p_ttl_ms * interval '1 millisecond',
+           high_water_ms = greatest(l.high_water_ms, p_reserve_until_ms),
+           released_by = NULL, released_timeline = NULL, holder_role = session_user,
+           acquired_mark_ms = CASE WHEN continued THEN coalesce(l.acquired_mark_ms, l.high_water_ms)
+                                   ELSE l.high_water_ms END
+     WHERE l.worker_id = p_worker_id
+    RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint,
+              (extract(epoch FROM l.acquired_at) * 1000000)::bigint
+         INTO reserved_until_ms, holder_name, expires_at_unix_ms, tenure;
+END
+$$;
+
+-- The claim of a server that does not say which mark it knows of (snowid 0.8.0).
+CREATE OR REPLACE FUNCTION snowid.lease_claim(
+    p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
+    p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
+    p_holding boolean,
+    OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+LANGUAGE sql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
+           c.continued, c.renewal, c.released, c.tenure
+      FROM snowid.lease_claim(p_worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                              p_reserve_until_ms, p_takeover_on_expiry, p_timeline, p_holding, -1) c
+$$;
+
+-- Acquires a lease on any worker id, for servers of a shared registry that do not name one: the
+-- one this run of the server holds already (p_held_worker_id, by its word, or else by its row;
+-- -1 for none), else the lowest one free or expired, else the lowest never used (a row that
+-- another run of this server holds is no one's to take while it runs).
+-- Servers picking a new one take turns, on a lock of the table that renewals never wait for and
+-- that only the roles allowed to claim can take.
+-- p_known_mark_ms and fenced are lease_claim's.
+CREATE FUNCTION snowid.lease_claim_any(
+    p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
+    p_timeline bigint, p_held_worker_id integer, p_known_mark_ms bigint,
+    OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint, OUT fenced boolean)
+LANGUAGE plpgsql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    fenced := false;
+    IF p_held_worker_id BETWEEN 0 AND 1023 THEN
+        worker_id := p_held_worker_id;
+    ELSE
+        SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+         WHERE l.holder = p_holder
+           AND (l.incarnation IS NOT DISTINCT FROM p_incarnation OR l.expires_at <= clock_timestamp())
+         ORDER BY l.worker_id LIMIT 1;
+    END IF;
+    IF worker_id IS NULL THEN
+        LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
+        SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+         WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp() ORDER BY l.worker_id LIMIT 1;
+    END IF;
+    IF worker_id IS NULL THEN
+        SELECT min(free.id) INTO worker_id FROM generate_series(0, 1023) AS free(id)
+         WHERE NOT EXISTS (SELECT FROM snowid.worker_lease l WHERE l.worker_id = free.id);
+    END IF;
+    IF worker_id IS NULL THEN
+        granted := false;
+        holder_name := 'other servers (all 1024 worker ids are leased)';
+        RETURN;
+    END IF;
+    SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
+           c.continued, c.renewal, c.released, c.tenure, c.fenced
+      INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
+           continued, renewal, released, tenure, fenced
+      FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                              p_reserve_until_ms, true, p_timeline,
+                              worker_id = p_held_worker_id, p_known_mark_ms) c;
+END
+$$;
+
+-- The claim of a server that does not say which mark it knows of (snowid 0.8.0).
+CREATE OR REPLACE FUNCTION snowid.lease_claim_any(
+    p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
+    p_timeline bigint, p_held_worker_id integer,
+    OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint)
+LANGUAGE sql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.worker_id, c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name,
+           c.expires_at_unix_ms, c.continued, c.renewal, c.released, c.tenure
+      FROM snowid.lease_claim_any(p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                                  p_reserve_until_ms, p_timeline, p_held_worker_id, -1) c
+$$;
+
+-- Releases a lease its holder no longer needs, at its clean shutdown, lowering the high-water mark
+-- to just above the ids it really issued (never below the mark it took the row at) and recording
+-- who released it, on which timeline. Returns NULL when the caller did not hold it, or when the row
+-- has a mark above p_known_mark_ms (see lease_claim: the caller is a copy of a run that another
+-- copy got ahead of; -1: it does not say); a lease held with another role (a superuser excepted)
+-- is refused with 42501, without locking its row.
+CREATE FUNCTION snowid.lease_release(
+    p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint,
+    p_timeline bigint, p_known_mark_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
+    lease snowid.worker_lease;
+BEGIN
+    UPDATE snowid.worker_lease l
+       SET holder = NULL, incarnation = NULL, expires_at = NULL,
+           high_water_ms = greatest(coalesce(l.acquired_mark_ms, l.high_water_ms),
+                                    least(l.high_water_ms, p_high_water_ms)),
+           released_by = p_holder, released_timeline = p_timeline
+     WHERE l.worker_id = p_worker_id AND l.holder = p_holder AND l.incarnation = p_incarnation
+       AND (p_known_mark_ms < 0 OR l.high_water_ms <= p_known_mark_ms)
+       AND (trusted OR l.holder_role = session_user);
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
+    IF lease.holder IS NOT NULL AND NOT trusted AND lease.holder_role IS DISTINCT FROM session_user THEN
+        RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
+            p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
+            USING ERRCODE = '42501';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- The release of a server that does not say which mark it knows of (snowid 0.8.0 and earlier).
+CREATE OR REPLACE FUNCTION snowid.lease_release(
+    p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint,
+    p_timeline bigint)
+RETURNS boolean
+LANGUAGE sql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT snowid.lease_release(p_worker_id, p_holder, p_incarnation, p_high_water_ms, p_timeline, -1)
+$$;
+
+REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint, boolean, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint, integer, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint, bigint, bigint) FROM PUBLIC;
