@@ -167,6 +167,27 @@ impl LossRun {
         refusals.dedup();
         refusals
     }
+
+    /// Whether `refusal`, as [`LossRun::newcomer_refusals`] gives it, says that the worker id the
+    /// newcomer picked is leased by the node of the fleet that holds it. The newcomer picks the
+    /// lowest worker id the registry has no lease of, and a node that joined after the copy
+    /// (whose lease the registry lost) may claim it back at its renewal between that pick and the
+    /// newcomer's claim of it: a race no test orders, the newcomer's next claim picks another.
+    pub fn names_a_lost_lease_claimed_back(&self, refusal: &str) -> bool {
+        self.nodes
+            .iter()
+            .zip(FLEET)
+            .skip(2)
+            .any(|(node, (_, _, worker_id))| {
+                refusal
+                    .strip_prefix(&format!(
+                        "55000: snowid refuses to issue ids: worker id {worker_id} is leased by \
+                     another server, {}, until ",
+                        node.holder_name()
+                    ))
+                    .is_some_and(|rest| rest.ends_with(&format!(" UTC HINT: {RESUMES_BY_ITSELF}")))
+            })
+    }
 }
 
 fn worker_of_next_id(client: &mut Client) -> i64 {
@@ -185,4 +206,8 @@ pub const UNSETTLED: &str =
 /// The refusal of a server whose lease worker has not had its first answer yet.
 pub const NOT_ACQUIRED: &str = "55000: snowid refuses to issue ids: the lease on a worker id is \
     not acquired yet HINT: Issuing resumes by itself once this server holds the lease; \
+    snowid_status() and the server log say more.";
+
+/// The hint of a refusal that ends without anyone's help.
+const RESUMES_BY_ITSELF: &str = "Issuing resumes by itself once this server holds the lease; \
     snowid_status() and the server log say more.";
