@@ -4,6 +4,10 @@
 -- another copy of the run's memory claimed the row since (a virtual machine resumed from a snapshot
 -- of its memory, a running one forked). The claim and release functions of 0.8.0 become wrappers
 -- of the new ones, for servers that do not say; their grants stay. Every lease row and mark stays.
+--
+-- A change of the lease table that no lease function made begins a new epoch, and every new epoch
+-- lasts the longest lease, a registry's first included, unless snowid_registry_is_new() says that
+-- no server ever held a lease from it.
 
 -- Acquires or renews a lease. Granted when the row is held by the same server (with
 -- p_takeover_on_expiry, by the same run of it, or by an earlier run whose lease expired; without,
@@ -37,6 +41,7 @@ CREATE FUNCTION snowid.lease_claim(
 LANGUAGE plpgsql STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET snowid_lease.writing = on
 AS $$
 DECLARE
     lease snowid.worker_lease;
@@ -238,6 +243,7 @@ RETURNS boolean
 LANGUAGE plpgsql STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET snowid_lease.writing = on
 AS $$
 DECLARE
     trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
@@ -279,3 +285,111 @@ $$;
 REVOKE ALL ON FUNCTION snowid.lease_claim(integer, text, text, text, bigint, bigint, boolean, bigint, boolean, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, bigint, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint, bigint, bigint) FROM PUBLIC;
+
+COMMENT ON COLUMN snowid.registry_epoch.run IS 'The registry server''s start time and the lease table''s file: a change of either begins a new epoch, as does a change of the lease table by anything but the lease functions';
+
+-- The run of the registry that an epoch belongs to: its server's start and its lease table's file.
+CREATE FUNCTION snowid.registry_run() RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' '
+           || pg_relation_filenode('snowid.worker_lease'::regclass)::text
+$$;
+
+-- Until when this registry grants only the renewal of a lease that runs, for a claim with the
+-- time-to-live p_ttl_ms made at p_now; p_lost when the claim is a server's word that it holds a
+-- lease its row does not show, which only a registry that lost rows can do. A new epoch lasts as
+-- long as the longest lease the registry knows of (its claims and its rows), so that every lease
+-- granted before it ran out first. A registry just created begins one at its first claim too:
+-- nothing tells it from one dropped and created again under a running fleet, unless an operator
+-- says so (snowid_registry_is_new).
+-- One claim at a time writes the row: one that would wait for another takes the registry as
+-- settling for its own lease's length, so that no open transaction holds up a renewal.
+CREATE OR REPLACE FUNCTION snowid.registry_settles_at(p_ttl_ms bigint, p_now timestamptz, p_lost boolean)
+RETURNS timestamptz
+LANGUAGE plpgsql STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    current_run text := snowid.registry_run();
+    epoch snowid.registry_epoch;
+    longest bigint;
+BEGIN
+    SELECT * INTO epoch FROM snowid.registry_epoch;
+    IF epoch.run = current_run AND NOT (p_lost AND epoch.settles_at <= p_now)
+       AND p_ttl_ms <= epoch.longest_ttl_ms THEN
+        RETURN epoch.settles_at;
+    END IF;
+    IF NOT FOUND THEN
+        INSERT INTO snowid.registry_epoch (run, began_at, settles_at, longest_ttl_ms)
+        VALUES ('', '-infinity', '-infinity', 0) ON CONFLICT DO NOTHING;
+    END IF;
+    BEGIN
+        SELECT * INTO epoch FROM snowid.registry_epoch FOR UPDATE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN greatest(epoch.settles_at, p_now + p_ttl_ms * interval '1 millisecond');
+    END;
+    longest := greatest(epoch.longest_ttl_ms, p_ttl_ms);
+    IF epoch.run IS DISTINCT FROM current_run OR (p_lost AND epoch.settles_at <= p_now) THEN
+        longest := greatest(longest, (SELECT max((extract(epoch FROM l.expires_at - l.renewed_at) * 1000)::bigint)
+                                        FROM snowid.worker_lease l));
+        UPDATE snowid.registry_epoch e
+           SET run = current_run, began_at = p_now, longest_ttl_ms = longest,
+               settles_at = greatest(e.settles_at, p_now + longest * interval '1 millisecond')
+        RETURNING * INTO epoch;
+    ELSE
+        UPDATE snowid.registry_epoch e
+           SET longest_ttl_ms = longest,
+               settles_at = CASE WHEN e.settles_at > p_now
+                                 THEN greatest(e.settles_at, e.began_at + longest * interval '1 millisecond')
+                                 ELSE e.settles_at END
+        RETURNING * INTO epoch;
+    END IF;
+    RETURN epoch.settles_at;
+END
+$$;
+
+-- A change of the lease table that no lease function made (a row deleted or edited by hand, a
+-- restore of its rows) may have dropped the row or the mark of a lease that runs: a new epoch
+-- begins, as long as the longest lease the registry knows of. The lease functions mark their own
+-- changes with the setting snowid_lease.writing.
+CREATE FUNCTION snowid.lease_changed() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('snowid_lease.writing', true) IS DISTINCT FROM 'on' THEN
+        UPDATE snowid.registry_epoch e
+           SET began_at = clock_timestamp(),
+               settles_at = greatest(e.settles_at, clock_timestamp() + e.longest_ttl_ms * interval '1 millisecond');
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER worker_lease_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON snowid.worker_lease
+    FOR EACH STATEMENT EXECUTE FUNCTION snowid.lease_changed();
+
+-- Says that this registry was just created for servers that never held a lease from it, so
+-- that its first claims need not wait out the leases it might have lost: it settles at once.
+-- Refused once any lease row exists or anything was claimed; never true of a registry dropped and
+-- created again while its servers run, whose leases it would then grant twice.
+CREATE FUNCTION snowid_registry_is_new() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF EXISTS (SELECT FROM snowid.worker_lease)
+       OR EXISTS (SELECT FROM snowid.registry_epoch e WHERE e.run <> '' OR e.longest_ttl_ms > 0) THEN
+        RAISE EXCEPTION 'the lease registry is not new: it has lease rows, or servers have claimed from it'
+            USING ERRCODE = '55000';
+    END IF;
+    UPDATE snowid.registry_epoch e
+       SET run = snowid.registry_run(), began_at = clock_timestamp(), settles_at = clock_timestamp();
+END
+$$;
+COMMENT ON FUNCTION snowid_registry_is_new() IS 'Lets a lease registry just created for a new fleet grant at once';
+
+ALTER FUNCTION snowid_handover(integer) SET snowid_lease.writing = on;
+REVOKE ALL ON FUNCTION snowid_registry_is_new() FROM PUBLIC;

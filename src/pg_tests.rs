@@ -199,6 +199,7 @@ mod tests {
             "snowid_next() -> bigint",
             "snowid_next_batch(count integer) -> SETOF bigint",
             "snowid_refusals() -> TABLE(reason text, calls bigint)",
+            "snowid_registry_is_new() -> void",
             "snowid_sequence(id bigint) -> integer",
             "snowid_status() -> TABLE(worker_id integer, last_id bigint, ids_issued bigint, clock_backward_waits bigint, clock_backward_refusals bigint, sequence_overflow_waits bigint, lease_state text, lease_holder text, lease_expires_at timestamp with time zone, registry text, high_water_mark timestamp with time zone, last_error text, ceiling_waits bigint, refused_calls bigint, lease_held boolean, lease_seconds_left double precision, in_recovery boolean, worker_id_held_by text)",
             "snowid_timestamp(id bigint) -> timestamp with time zone",
@@ -472,15 +473,22 @@ mod tests {
     /// Inserts a lease row for worker id `worker_id` held by `holder` named `name`, whose lease
     /// ends `expires_in_ms` from now and whose mark lies 30 s ahead.
     fn held_row(worker_id: i32, holder: &str, name: &str, expires_in_ms: i64) {
-        Spi::run(&format!(
+        as_the_lease_functions(&format!(
             "INSERT INTO snowid.worker_lease (worker_id, holder, incarnation, holder_name, renewed_at,
                  expires_at, high_water_ms, holder_role, acquired_mark_ms)
              SELECT {worker_id}, '{holder}', 'run', '{name}', clock_timestamp(),
                  clock_timestamp() + {expires_in_ms} * interval '1 millisecond', now_ms + 30000,
                  current_user, 1000
                FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 AS now_ms) n"
-        ))
-        .unwrap();
+        ));
+    }
+
+    /// Changes the lease table with `sql` as the lease functions do, which begins no epoch (any
+    /// other change does: see `snowid.lease_changed`).
+    fn as_the_lease_functions(sql: &str) {
+        Spi::run("SELECT set_config('snowid_lease.writing', 'on', true)").unwrap();
+        Spi::run(sql).unwrap();
+        Spi::run("SELECT set_config('snowid_lease.writing', 'off', true)").unwrap();
     }
 
     /// The registry's epoch for this test alone until its transaction ends: the tests that claim
@@ -642,11 +650,10 @@ mod tests {
         // the longest lease the registry knows of lasts 45 s.
         held_row(940, "111-a", "pg@111-a:5432", 30_000);
         held_row(941, "111-b", "pg@111-b:5432", -1);
-        Spi::run(
+        as_the_lease_functions(
             "UPDATE snowid.worker_lease SET renewed_at = expires_at - interval '45 seconds'
               WHERE worker_id = 941",
-        )
-        .unwrap();
+        );
         // The epoch as CREATE EXTENSION made it, as a registry restored from a dump (which leaves
         // the epoch out) has it too.
         assert_one::<String, &str>("SELECT run FROM snowid.registry_epoch", "");
@@ -692,7 +699,7 @@ mod tests {
         );
         // A server's word that it holds a lease whose row is gone: rows were lost, a new epoch
         // begins, as long as the longest lease the registry has known.
-        Spi::run("DELETE FROM snowid.worker_lease WHERE worker_id = 943").unwrap();
+        as_the_lease_functions("DELETE FROM snowid.worker_lease WHERE worker_id = 943");
         assert_eq!(
             shared_claim(943, "111-e", true, 30_000),
             "true pg@111-e:5432"
@@ -702,13 +709,56 @@ mod tests {
         Spi::run("UPDATE snowid.registry_epoch SET run = 'an earlier run', settles_at = began_at")
             .unwrap();
         assert_eq!(shared_claim(944, "111-f", false, 30_000), "false nobody 60");
-        // A registry that never granted a lease is new, and settles at once.
-        Spi::run("UPDATE snowid.registry_epoch SET run = 'an earlier run'").unwrap();
-        Spi::run("DELETE FROM snowid.worker_lease").unwrap();
+        // Nor does a registry without rows settle at once: nothing tells one just created from
+        // one that lost every row, dropped and created again under its fleet.
+        let as_created = || {
+            as_the_lease_functions("DELETE FROM snowid.worker_lease");
+            Spi::run(
+                "UPDATE snowid.registry_epoch
+                    SET run = '', began_at = '-infinity', settles_at = '-infinity', longest_ttl_ms = 0",
+            )
+            .unwrap();
+        };
+        as_created();
+        assert_eq!(shared_claim(944, "111-f", false, 9_000), "false nobody 9");
+        // Only an operator can say that no server ever held a lease from it, and only before the
+        // first claim (the refused claim left the row of 944).
+        let refusal = "55000: the lease registry is not new: it has lease rows, or servers have claimed from it";
+        assert_eq!(error_of("SELECT snowid_registry_is_new()"), refusal);
+        as_created();
+        held_row(945, "111-g", "pg@111-g:5432", 30_000);
+        assert_eq!(error_of("SELECT snowid_registry_is_new()"), refusal);
+        as_created();
+        Spi::run("SELECT snowid_registry_is_new()").unwrap();
         assert_eq!(
             shared_claim(944, "111-f", false, 30_000),
             "true pg@111-f:5432"
         );
+    }
+
+    #[pg_test]
+    fn a_change_of_the_lease_table_by_hand_begins_an_epoch_and_the_lease_functions_do_not() {
+        settled_registry();
+        held_row(960, "111-a", "pg@111-a:5432", 30_000);
+        assert_eq!(shared_claim(961, "111-b", false, 30_000), "true pg@111-b:5432");
+        assert_eq!(one::<String>("SELECT snowid_handover(961)"), "pg@111-b:5432");
+        assert!(one::<bool>("SELECT snowid.lease_release(960, '111-a', 'run', 0, 1)"));
+        assert_eq!(shared_claim(962, "111-b", false, 30_000), "true pg@111-b:5432");
+        let changes = [
+            "DELETE FROM snowid.worker_lease WHERE worker_id = 962",
+            "UPDATE snowid.worker_lease SET expires_at = clock_timestamp() WHERE worker_id = 961",
+            "INSERT INTO snowid.worker_lease (worker_id) VALUES (963)",
+            "TRUNCATE snowid.worker_lease",
+        ];
+        for (worker_id, change) in (964..).zip(changes) {
+            Spi::run("UPDATE snowid.registry_epoch SET settles_at = began_at").unwrap();
+            Spi::run(change).unwrap();
+            assert_eq!(
+                shared_claim(worker_id, "111-c", false, 9_000),
+                "false nobody 30",
+                "{change}"
+            );
+        }
     }
 
     /// Who else holds `worker_id` for a standby whose holder is `111-me`, as the lease worker asks
@@ -744,9 +794,8 @@ mod tests {
         held_row(921, "111-old", "pg@db1:5432", 30_000);
         held_row(922, "111-old", "pg@db1:5432", -1);
         held_row(923, "111-old", "pg@db1:5432", 30_000);
-        Spi::run("UPDATE snowid.worker_lease SET holder_name = NULL WHERE worker_id = 923")
-            .unwrap();
-        Spi::run("INSERT INTO snowid.worker_lease (worker_id, high_water_ms, released_by, released_timeline) VALUES (924, 1000, '111-old', 1)").unwrap();
+        as_the_lease_functions("UPDATE snowid.worker_lease SET holder_name = NULL WHERE worker_id = 923");
+        as_the_lease_functions("INSERT INTO snowid.worker_lease (worker_id, high_water_ms, released_by, released_timeline) VALUES (924, 1000, '111-old', 1)");
         for running_only in [true, false] {
             assert_eq!(other_holder(920, running_only), None);
             assert_eq!(

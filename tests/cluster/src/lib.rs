@@ -1402,6 +1402,10 @@ pub fn assert_fenced_off_then_taken(
     );
 }
 
+/// Makes a database a shared lease registry for servers that never held a lease from it, which
+/// grants at once (without `snowid_registry_is_new()`, its first claims wait one `lease_ttl`).
+pub const NEW_REGISTRY: &str = "CREATE EXTENSION snowid; SELECT snowid_registry_is_new()";
+
 /// One call of an application: when it ended, relative to the start, and its id or refusal.
 pub struct Call {
     pub at: Duration,
@@ -1424,6 +1428,32 @@ impl Drop for RaiseOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
+}
+
+/// Calls `snowid_next()` on `node` every 20 ms until it has issued for a second, each call timed
+/// from `started`; panics if it has not issued by `limit`.
+pub fn calls_until_issuing(node: &Node, started: Instant, limit: Instant) -> Vec<Call> {
+    let mut client = node.cluster.connect();
+    let mut calls: Vec<Call> = vec![];
+    let mut issued_since: Option<Instant> = None;
+    while issued_since.is_none_or(|since| since.elapsed() < Duration::from_secs(1)) {
+        let result = next_id(&mut client);
+        if result.is_ok() && issued_since.is_none() {
+            issued_since = Some(Instant::now());
+        }
+        calls.push(Call {
+            at: started.elapsed(),
+            result,
+        });
+        assert!(
+            Instant::now() < limit,
+            "{} never issued: {:?}",
+            node.name,
+            calls.last().map(|call| &call.result)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    calls
 }
 
 /// Calls `snowid_next()` on each of `nodes` every 10 ms while `during` runs; returns the calls.

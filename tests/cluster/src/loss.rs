@@ -4,7 +4,8 @@
 
 use crate::ids::worker_of;
 use crate::{
-    calls_during, distinct_ids, increasing_ids, next_id, wait_for_lease_state, Call, Node,
+    calls_during, calls_until_issuing, distinct_ids, increasing_ids, next_id, wait_for_lease_state,
+    Call, Node,
 };
 use postgres::Client;
 use std::time::{Duration, Instant};
@@ -67,25 +68,11 @@ pub fn fleet_through_a_registry_loss(
         lose();
         let lost_at = started.elapsed();
         let newcomer = prepared.join();
-        let mut client = newcomer.cluster.connect();
-        let mut calls: Vec<Call> = vec![];
-        let mut issued_since: Option<Instant> = None;
-        while issued_since.is_none_or(|since| since.elapsed() < Duration::from_secs(1)) {
-            let result = next_id(&mut client);
-            if result.is_ok() && issued_since.is_none() {
-                issued_since = Some(Instant::now());
-            }
-            calls.push(Call {
-                at: started.elapsed(),
-                result,
-            });
-            assert!(
-                started.elapsed() < lost_at + Duration::from_secs(60),
-                "the newcomer never issued: {:?}",
-                calls.last().map(|call| &call.result)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let calls = calls_until_issuing(
+            &newcomer,
+            started,
+            started + lost_at + Duration::from_secs(60),
+        );
         (lost_at, newcomer, calls)
     });
     LossRun {

@@ -706,7 +706,7 @@ pub fn registry_server() -> Cluster {
     registry
         .connect_to("snowid")
         .batch_execute(
-            "CREATE EXTENSION snowid;
+            "CREATE EXTENSION snowid; SELECT snowid_registry_is_new();
              CREATE ROLE snowid_node1 LOGIN; CREATE ROLE snowid_node2 LOGIN;
              GRANT USAGE ON SCHEMA snowid TO snowid_node1, snowid_node2;
              GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA snowid TO snowid_node1, snowid_node2;",

@@ -31,11 +31,12 @@
 
 use postgres::types::ToSql;
 use postgres::Client;
-use snowid_cluster_tests::ids::unix_ms;
+use snowid_cluster_tests::ids::{unix_ms, unix_ms_of, worker_of};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    assert_fenced_off_then_taken, calls_every, error_text, give_to_postgres, query_value,
-    signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node,
+    assert_fenced_off_then_taken, calls_during, calls_every, calls_until_issuing, distinct_ids,
+    error_text, give_to_postgres, increasing_ids, query_pair, query_value, signal_all, wait_for,
+    wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -61,7 +62,7 @@ const SCRAM: &str = "password_encryption = 'scram-sha-256'";
 /// `registry` made a registry as [`registry`] makes one.
 fn prepared_registry(registry: Cluster, roles: &[&str]) -> Cluster {
     let mut client = registry.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    client.batch_execute(NEW_REGISTRY).unwrap();
     for role in roles {
         client
             .batch_execute(&format!(
@@ -972,7 +973,8 @@ fn a_node_acts_on_no_claim_before_the_registrys_synchronous_standby_has_it() {
     // Nor can the database's settings keep the warning of a cancelled wait from the worker.
     client
         .batch_execute(
-            "CREATE EXTENSION snowid; ALTER DATABASE postgres SET client_min_messages = error",
+            "CREATE EXTENSION snowid; SELECT snowid_registry_is_new();
+             ALTER DATABASE postgres SET client_min_messages = error",
         )
         .unwrap();
     let node = Node::start(
@@ -1214,4 +1216,151 @@ fn a_copy_of_a_holders_memory_that_claims_its_lease_fences_the_holder_off() {
             (copied_at, copy.get::<_, i64>(3))
         });
     assert_fenced_off_then_taken(&holder, &calls, copied_at, copy_reserved_ms);
+}
+
+/// A superuser changes a shared registry by hand (`change`) right after a renewal of its holder,
+/// which leases any worker id, and a server that leases any worker id too joins at once: the change
+/// begins a new epoch, the holder keeps worker id 0 by its word, the newcomer waits until the
+/// registry settles and takes worker id 1; no id twice. Prints the newcomer's wait.
+fn assert_a_change_by_hand_grants_no_worker_id_twice(prefix: &str, change: &str) {
+    let registry = registry(&format!("{prefix}-registry"), &[]);
+    let conninfo = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres",
+        registry.port
+    );
+    // Renewed every 3 s.
+    let ttl = ["snowid.lease_ttl = 9"];
+    let holder = Node::start(&format!("{prefix}-holder"), None, &conninfo, &ttl);
+    assert_holds(&holder, 0);
+    let newcomer = Node::prepare(&format!("{prefix}-newcomer"), None, &conninfo, &ttl);
+    let mut admin = registry.connect();
+    let renewed_at = |admin: &mut Client| -> i64 {
+        query_value(
+            admin,
+            "SELECT (extract(epoch FROM renewed_at) * 1000)::int8 \
+             FROM snowid.worker_lease WHERE worker_id = 0",
+        )
+    };
+    let (calls, (changed_at, newcomer, newcomer_calls)) = calls_during(&[&holder], |started| {
+        let before = renewed_at(&mut admin);
+        wait_for("a renewal of the holder's", Duration::from_secs(4), || {
+            renewed_at(&mut admin) != before
+        });
+        admin.batch_execute(change).unwrap();
+        let changed_at = started.elapsed();
+        let newcomer = newcomer.join();
+        let calls =
+            calls_until_issuing(&newcomer, started, Instant::now() + Duration::from_secs(60));
+        (changed_at, newcomer, calls)
+    });
+    let holder_ids = increasing_ids(calls[0].iter().map(|call| &call.result), "the holder's ids");
+    assert!(holder_ids.iter().all(|&id| worker_of(id) == 0));
+    let newcomer_ids = distinct_ids(&newcomer_calls);
+    assert!(newcomer_ids.iter().all(|&id| worker_of(id) == 1));
+    let issued = distinct_ids(calls[0].iter().chain(&newcomer_calls)).len();
+    assert_eq!(issued, holder_ids.len() + newcomer_ids.len(), "no id twice");
+    // The holder issued throughout; the newcomer was refused while the registry settled, and
+    // issued nothing stamped before it settled.
+    assert!(calls[0].iter().all(|call| call.result.is_ok()));
+    let refusals: Vec<&String> = newcomer_calls
+        .iter()
+        .filter_map(|call| call.result.as_ref().err())
+        .collect();
+    assert!(
+        refusals
+            .iter()
+            .any(|refusal| refusal.contains("a worker id is not granted before")),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals
+            .iter()
+            .all(|refusal| refusal.contains("is not granted before")
+                || refusal.contains("not acquired yet")),
+        "{refusals:?}"
+    );
+    let settles_at_ms: i64 = query_value(
+        &mut admin,
+        "SELECT (extract(epoch FROM settles_at) * 1000)::bigint FROM snowid.registry_epoch",
+    );
+    assert!(unix_ms_of(newcomer_ids[0]) >= settles_at_ms);
+    let first_id_at = newcomer_calls
+        .iter()
+        .find(|call| call.result.is_ok())
+        .unwrap()
+        .at;
+    println!(
+        "{issued} ids; the newcomer's first id {:?} after the change, {} calls of it refused",
+        first_id_at - changed_at,
+        refusals.len()
+    );
+    assert_eq!(
+        lease_row(&mut admin, 0).2,
+        Some(holder.holder_name()),
+        "the holder keeps worker id 0"
+    );
+    assert_eq!(lease_row(&mut admin, 1).2, Some(newcomer.holder_name()));
+}
+
+#[test]
+fn a_live_leases_row_deleted_by_hand_grants_its_worker_id_to_no_joining_server() {
+    assert_a_change_by_hand_grants_no_worker_id_twice(
+        "hand-delete",
+        "DELETE FROM snowid.worker_lease WHERE worker_id = 0",
+    );
+}
+
+#[test]
+fn a_live_lease_expired_by_hand_grants_its_worker_id_to_no_joining_server() {
+    assert_a_change_by_hand_grants_no_worker_id_twice(
+        "hand-expire",
+        "UPDATE snowid.worker_lease SET expires_at = now() - interval '1 s' WHERE worker_id = 0",
+    );
+}
+
+#[test]
+fn a_registry_dropped_and_created_again_under_its_holder_grants_its_worker_id_to_no_joining_server()
+{
+    assert_a_change_by_hand_grants_no_worker_id_twice(
+        "hand-recreate",
+        "DROP EXTENSION snowid CASCADE; CREATE EXTENSION snowid",
+    );
+}
+
+/// A registry just made waits one lease's length before its first grant, unless its operator says
+/// that no server ever held a lease from it; both measured in one run.
+#[test]
+fn a_new_registry_first_grants_a_lease_ttl_after_its_first_claim_unless_said_to_be_new() {
+    let ttl = ["snowid.lease_ttl = 9"];
+    let waits: Vec<(Duration, i64)> = [
+        ("first-grant", "CREATE EXTENSION snowid"),
+        ("first-grant-new", NEW_REGISTRY),
+    ]
+    .into_iter()
+    .map(|(name, create)| {
+        let registry = Cluster::start(&format!("{name}-registry"), &[]);
+        let mut admin = registry.connect();
+        admin.batch_execute(create).unwrap();
+        let conninfo = format!(
+            "host=127.0.0.1 port={} dbname=postgres user=postgres",
+            registry.port
+        );
+        let node = Node::prepare(name, None, &conninfo, &ttl).join();
+        let started = Instant::now();
+        let calls = calls_until_issuing(&node, started, started + Duration::from_secs(60));
+        let first = calls.iter().find(|call| call.result.is_ok()).unwrap();
+        let (epoch_ms, settles_at_ms): (i64, i64) = query_pair(
+            &mut admin,
+            "SELECT (extract(epoch FROM settles_at - began_at) * 1000)::bigint, \
+                    (extract(epoch FROM settles_at) * 1000)::bigint \
+             FROM snowid.registry_epoch",
+        );
+        assert!(unix_ms_of(*first.result.as_ref().unwrap()) >= settles_at_ms);
+        (first.at, epoch_ms)
+    })
+    .collect();
+    println!("the first id after the restart that preloads snowid, and the epoch: {waits:?}");
+    // The first claim began an epoch as long as its lease, and the first id came after it;
+    // said to be new, the registry settled when the operator said so.
+    assert_eq!((waits[0].1, waits[1].1), (9000, 0));
 }

@@ -7,7 +7,7 @@ use postgres::Client;
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
 use snowid_cluster_tests::{
     error_of, error_text, new_holder_wait_ms, server_version_num, wait_for, wait_for_lease_state,
-    Cluster, Node,
+    Cluster, Node, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -120,10 +120,7 @@ struct Fleet {
 impl Fleet {
     fn start() -> Fleet {
         let registry = Cluster::start("registry", &[]);
-        registry
-            .connect()
-            .batch_execute("CREATE EXTENSION snowid")
-            .unwrap();
+        registry.connect().batch_execute(NEW_REGISTRY).unwrap();
         let nodes: Vec<Node> = (1..=3)
             .map(|worker| fleet_node(&format!("node{worker}"), Some(worker), &registry, false))
             .collect();

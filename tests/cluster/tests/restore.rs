@@ -8,7 +8,7 @@ use snowid_cluster_tests::ids::unix_ms_of;
 use snowid_cluster_tests::loss::{
     fleet_through_a_registry_loss, LossRun, FLEET, NEWCOMER_WORKER_ID, NOT_ACQUIRED, UNSETTLED,
 };
-use snowid_cluster_tests::{distinct_ids, query_value, Cluster};
+use snowid_cluster_tests::{distinct_ids, query_value, Cluster, NEW_REGISTRY};
 use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;
@@ -91,10 +91,7 @@ fn registry_conninfo(ports: &[u16]) -> String {
 #[test]
 fn a_registry_restored_from_a_dump_under_a_running_fleet_grants_no_worker_id_twice() {
     let registry = Cluster::start("dump-registry", &[]);
-    registry
-        .connect()
-        .batch_execute("CREATE EXTENSION snowid")
-        .unwrap();
+    registry.connect().batch_execute(NEW_REGISTRY).unwrap();
     let dump = registry.dir().join("registry.dump");
     let settings = settings();
     let run = fleet_through_a_registry_loss(
@@ -124,10 +121,7 @@ fn a_registry_recovered_to_a_point_in_time_under_a_running_fleet_grants_no_worke
             &snowid_cluster_tests::archive_command(&archive),
         ],
     );
-    primary
-        .connect()
-        .batch_execute("CREATE EXTENSION snowid")
-        .unwrap();
+    primary.connect().batch_execute(NEW_REGISTRY).unwrap();
     let recovered = primary.backup("pitr-registry-recovered");
     let target = RefCell::new(String::new());
     let settings = settings();

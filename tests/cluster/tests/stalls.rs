@@ -8,7 +8,7 @@ use postgres::Client;
 use snowid_cluster_tests::ids::{millis_of, unix_ms};
 use snowid_cluster_tests::{
     assert_episode_logged, error_text, lease_worker_pid, next_id_once_issuing, scenario_tests,
-    signal, Cluster, Node, RaiseOnDrop,
+    signal, Cluster, Node, RaiseOnDrop, NEW_REGISTRY,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -34,10 +34,7 @@ fn leased_server(registry: Registry, settings: &[&str]) -> (Cluster, Client, Opt
         }
         Registry::Shared => {
             let shared = Cluster::start("stopped-registry", &[]);
-            shared
-                .connect()
-                .batch_execute("CREATE EXTENSION snowid")
-                .unwrap();
+            shared.connect().batch_execute(NEW_REGISTRY).unwrap();
             let conninfo = format!(
                 "host=127.0.0.1 port={} dbname=postgres user=postgres",
                 shared.port

@@ -12,6 +12,9 @@ SELECT snowid_from_timestamp('-infinity');
 SELECT snowid_next_batch(0);
 SELECT snowid_next_batch(4096001);
 SELECT snowid_handover(1024);
+-- A database no server claimed from may be said to be a new registry, once.
+SELECT snowid_registry_is_new();
+SELECT snowid_registry_is_new();
 SET snowid.worker_id = 5;
 SET snowid.max_clock_backward = 100;
 SET snowid.workerid = 5;

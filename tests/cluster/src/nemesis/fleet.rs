@@ -236,7 +236,7 @@ fn start_postgres_registry(
     let mut client = primary.connect();
     // Commits wait for the standby once it is made, which copies the setting for its own turn as
     // primary.
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    client.batch_execute(crate::NEW_REGISTRY).unwrap();
     client
         .batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
         .unwrap();
