@@ -74,13 +74,15 @@ GRANT SELECT ON snowid.registry_epoch TO PUBLIC;
 CREATE TRIGGER registry_epoch_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON snowid.registry_epoch
     FOR EACH STATEMENT EXECUTE FUNCTION snowid.lease_guard();
 
--- The run of the registry that an epoch belongs to: its server's start and its lease table's file.
+-- The run of the registry that an epoch belongs to: its server's start, its lease table's file,
+-- and its database (a copy made with CREATE DATABASE ... TEMPLATE keeps the file's number).
 CREATE FUNCTION snowid.registry_run() RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' '
-           || pg_relation_filenode('snowid.worker_lease'::regclass)::text
+           || pg_relation_filenode('snowid.worker_lease'::regclass)::text || ' '
+           || (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())::text
 $$;
 
 -- Until when this registry grants only the renewal of a lease that runs, for a claim with the
@@ -89,7 +91,8 @@ $$;
 -- long as the longest lease the registry knows of (its claims and its rows), so that every lease
 -- granted before it ran out first. A registry just created begins one at its first claim too:
 -- nothing tells it from one dropped and created again under a running fleet, unless an operator
--- says so (snowid_registry_is_new).
+-- says so (snowid_registry_is_new); only one said to be new settles at once at a restart, while
+-- it has had no claim and no mark.
 -- One claim at a time writes the row: one that would wait for another takes the registry as
 -- settling for its own lease's length, so that no open transaction holds up a renewal.
 CREATE FUNCTION snowid.registry_settles_at(p_ttl_ms bigint, p_now timestamptz, p_lost boolean)
@@ -120,15 +123,23 @@ BEGIN
     IF epoch.run IS DISTINCT FROM current_run OR (p_lost AND epoch.settles_at <= p_now) THEN
         longest := greatest(longest, (SELECT max((extract(epoch FROM l.expires_at - l.renewed_at) * 1000)::bigint)
                                         FROM snowid.worker_lease l));
+        -- At once only where nothing was ever claimed: a registry said to be new that restarted
+        -- since. Never more than an hour ahead, the longest a lease can be: a registry's clock
+        -- that ran ahead for a while leaves no epoch behind that outlasts every lease.
         UPDATE snowid.registry_epoch e
            SET run = current_run, began_at = p_now, longest_ttl_ms = longest,
-               settles_at = greatest(e.settles_at, p_now + longest * interval '1 millisecond')
+               settles_at = CASE WHEN p_lost OR e.run = '' OR e.longest_ttl_ms > 0
+                                      OR EXISTS (SELECT FROM snowid.worker_lease l WHERE l.high_water_ms > 0)
+                                 THEN least(greatest(e.settles_at, p_now + longest * interval '1 millisecond'),
+                                            p_now + interval '1 hour')
+                                 ELSE p_now END
         RETURNING * INTO epoch;
     ELSE
         UPDATE snowid.registry_epoch e
            SET longest_ttl_ms = longest,
                settles_at = CASE WHEN e.settles_at > p_now
-                                 THEN greatest(e.settles_at, e.began_at + longest * interval '1 millisecond')
+                                 THEN least(greatest(e.settles_at, e.began_at + longest * interval '1 millisecond'),
+                                            p_now + interval '1 hour')
                                  ELSE e.settles_at END
         RETURNING * INTO epoch;
     END IF;
@@ -149,13 +160,16 @@ BEGIN
     IF current_setting('snowid_lease.writing', true) IS DISTINCT FROM 'on' THEN
         UPDATE snowid.registry_epoch e
            SET began_at = clock_timestamp(),
-               settles_at = greatest(e.settles_at, clock_timestamp() + e.longest_ttl_ms * interval '1 millisecond');
+               settles_at = least(greatest(e.settles_at, clock_timestamp() + e.longest_ttl_ms * interval '1 millisecond'),
+                                  clock_timestamp() + interval '1 hour');
     END IF;
     RETURN NULL;
 END
 $$;
 CREATE TRIGGER worker_lease_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON snowid.worker_lease
     FOR EACH STATEMENT EXECUTE FUNCTION snowid.lease_changed();
+-- With session_replication_role = replica too (a replication tool, a maintenance script).
+ALTER TABLE snowid.worker_lease ENABLE ALWAYS TRIGGER worker_lease_changed;
 
 -- Says that this registry was just created for servers that never held a lease from it, so
 -- that its first claims need not wait out the leases it might have lost: it settles at once.
@@ -166,6 +180,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- After every claim under way: one that has not committed yet is seen.
+    LOCK TABLE snowid.worker_lease IN SHARE ROW EXCLUSIVE MODE;
+    PERFORM FROM snowid.registry_epoch FOR UPDATE;
     IF EXISTS (SELECT FROM snowid.worker_lease)
        OR EXISTS (SELECT FROM snowid.registry_epoch e WHERE e.run <> '' OR e.longest_ttl_ms > 0) THEN
         RAISE EXCEPTION 'the lease registry is not new: it has lease rows, or servers have claimed from it'
@@ -187,9 +204,10 @@ COMMENT ON FUNCTION snowid_registry_is_new() IS 'Lets a lease registry just crea
 -- primary stopped). floor_ms is the row's high-water mark before this claim, above which a new
 -- holder starts; `continued` says whether this holder held the row already, `renewal` whether
 -- this run of it did, and `tenure` (when this run took the row, in microseconds since 1970) lets it
--- tell a renewal of the grant it applied from one whose first answer it never got; every claim
+-- tell a renewal of the grant it applied from one whose first answer it never got; every grant
 -- raises the mark to the claimant's reservation, which may lie at most an hour and the lease's
--- time-to-live ahead of this registry's clock. The caller's login role holds the lease: a live
+-- time-to-live ahead of this registry's clock, and by at least a millisecond, so that a grant to
+-- another copy of the holder's memory shows even while the clocks are behind the mark. The caller's login role holds the lease: a live
 -- lease claimed as its holder by another role (a superuser excepted) is refused with 42501. A
 -- refusal names the holder; one with no name says that a shared registry in a new epoch (see
 -- registry_epoch) grants nothing before expires_at_unix_ms but the renewal of a lease that runs: by
@@ -235,6 +253,12 @@ BEGIN
             SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
         ELSE
             SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
+        END IF;
+        -- The row was deleted since (by hand, which began an epoch): made again, decided afresh.
+        IF NOT FOUND THEN
+            INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
+            locked := false;
+            CONTINUE;
         END IF;
         IF lease.holder = p_holder AND lease.expires_at > claimed_at AND NOT trusted
            AND lease.holder_role IS DISTINCT FROM session_user THEN
@@ -301,7 +325,7 @@ BEGIN
            acquired_at = CASE WHEN renewal THEN l.acquired_at ELSE claimed_at END,
            renewed_at = claimed_at,
            expires_at = claimed_at + p_ttl_ms * interval '1 millisecond',
-           high_water_ms = greatest(l.high_water_ms, p_reserve_until_ms),
+           high_water_ms = least(greatest(l.high_water_ms + 1, p_reserve_until_ms), 2199023255552),
            released_by = NULL, released_timeline = NULL, holder_role = session_user,
            acquired_mark_ms = CASE WHEN continued THEN coalesce(l.acquired_mark_ms, l.high_water_ms)
                                    ELSE l.high_water_ms END

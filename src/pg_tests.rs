@@ -608,6 +608,21 @@ mod tests {
                     true, 1, true) c",
             "true true",
         );
+        // A grant whose reservation lies below the mark (the clocks behind it) still raises it by
+        // a millisecond: the copy that knew of the mark before is fenced.
+        let known: i64 = one("SELECT high_water_ms FROM snowid.worker_lease WHERE worker_id = 950");
+        assert_eq!(
+            one::<bool>(&format!(
+                "SELECT c.granted FROM snowid.lease_claim(950, '111-old', 'run', 'pg@db1:5432', 30000,
+                        0, true, 1, true, {known}) c"
+            )),
+            true
+        );
+        assert_eq!(
+            one::<i64>("SELECT high_water_ms FROM snowid.worker_lease WHERE worker_id = 950"),
+            known + 1
+        );
+        assert_eq!(claim("run", known), "false true pg@db1:5432");
         // Another run of the holder is refused as such while the lease runs, never fenced.
         assert_eq!(claim("clone", 0), "false false pg@db1:5432");
         // Its lease run out, the run that the row names is still fenced by a lower mark: it
@@ -740,10 +755,21 @@ mod tests {
     fn a_change_of_the_lease_table_by_hand_begins_an_epoch_and_the_lease_functions_do_not() {
         settled_registry();
         held_row(960, "111-a", "pg@111-a:5432", 30_000);
-        assert_eq!(shared_claim(961, "111-b", false, 30_000), "true pg@111-b:5432");
-        assert_eq!(one::<String>("SELECT snowid_handover(961)"), "pg@111-b:5432");
-        assert!(one::<bool>("SELECT snowid.lease_release(960, '111-a', 'run', 0, 1)"));
-        assert_eq!(shared_claim(962, "111-b", false, 30_000), "true pg@111-b:5432");
+        assert_eq!(
+            shared_claim(961, "111-b", false, 30_000),
+            "true pg@111-b:5432"
+        );
+        assert_eq!(
+            one::<String>("SELECT snowid_handover(961)"),
+            "pg@111-b:5432"
+        );
+        assert!(one::<bool>(
+            "SELECT snowid.lease_release(960, '111-a', 'run', 0, 1)"
+        ));
+        assert_eq!(
+            shared_claim(962, "111-b", false, 30_000),
+            "true pg@111-b:5432"
+        );
         let changes = [
             "DELETE FROM snowid.worker_lease WHERE worker_id = 962",
             "UPDATE snowid.worker_lease SET expires_at = clock_timestamp() WHERE worker_id = 961",
@@ -794,7 +820,9 @@ mod tests {
         held_row(921, "111-old", "pg@db1:5432", 30_000);
         held_row(922, "111-old", "pg@db1:5432", -1);
         held_row(923, "111-old", "pg@db1:5432", 30_000);
-        as_the_lease_functions("UPDATE snowid.worker_lease SET holder_name = NULL WHERE worker_id = 923");
+        as_the_lease_functions(
+            "UPDATE snowid.worker_lease SET holder_name = NULL WHERE worker_id = 923",
+        );
         as_the_lease_functions("INSERT INTO snowid.worker_lease (worker_id, high_water_ms, released_by, released_timeline) VALUES (924, 1000, '111-old', 1)");
         for running_only in [true, false] {
             assert_eq!(other_holder(920, running_only), None);

@@ -189,13 +189,15 @@ pub fn plan(snapshot: &KeysRead, request: &Request) -> Result<Plan, String> {
     })
 }
 
-/// The mark after a claim that reserves up to `reserve_until_ms`: never lower than `mark_ms`, and
-/// at most the lease's length and an hour past etcd's clock (`registry_unix_ms`, whole seconds).
+/// The mark after a claim that reserves up to `reserve_until_ms`: at most the lease's length and an
+/// hour past etcd's clock (`registry_unix_ms`, whole seconds), and at least a millisecond above
+/// `mark_ms`, so that a claim of another copy of the holder's memory shows even while the clocks
+/// are behind the mark.
 pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, registry_unix_ms: i64, ttl: Duration) -> u64 {
     let registry_ms = (registry_unix_ms - EPOCH_UNIX_MS).max(0) as u64;
     let cap_ms =
         registry_ms + DATE_RESOLUTION_MS as u64 + ttl.as_millis() as u64 + RESERVATION_SLACK_MS;
-    mark_ms.max(reserve_until_ms.min(cap_ms))
+    (mark_ms + 1).max(reserve_until_ms.min(cap_ms))
 }
 
 /// How finely etcd's clock is read: the HTTP `Date` counts whole seconds.
@@ -258,8 +260,8 @@ mod tests {
         let cap = 100_000 + 1_000 + 30_000 + 3_600_000;
         assert_eq!(new_mark(0, 130_500, registry, TTL), 130_500);
         assert_eq!(new_mark(0, 7_300_000, registry, TTL), cap);
-        assert_eq!(new_mark(200_000, 130_500, registry, TTL), 200_000);
-        assert_eq!(new_mark(9_000_000, 7_300_000, registry, TTL), 9_000_000);
+        assert_eq!(new_mark(200_000, 130_500, registry, TTL), 200_001);
+        assert_eq!(new_mark(9_000_000, 7_300_000, registry, TTL), 9_000_001);
     }
 
     #[test]

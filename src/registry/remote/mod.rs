@@ -59,10 +59,10 @@ impl Remote {
     /// mark this run knows of too, the one that is told the lease held, or the one before them.
     pub fn claim(&mut self, call: &ClaimCall) -> Result<ClaimRow, Failure> {
         if !self.takes_known_mark {
-            self.takes_known_mark = self.answers_true(lease::FENCING_READY_SQL)?;
+            self.takes_known_mark = self.answers_true(lease::FENCING_READY_SQL, None)?;
         }
         if !self.takes_holding {
-            self.takes_holding = self.answers_true(lease::HOLDING_READY_SQL)?;
+            self.takes_holding = self.answers_true(lease::HOLDING_READY_SQL, None)?;
         }
         let with_holding = || call.params.iter().cloned().chain([call.holding.clone()]);
         let rows = if self.takes_known_mark {
@@ -80,8 +80,8 @@ impl Remote {
         ClaimRow::from_text(row).map_err(Failure::Error)
     }
 
-    fn answers_true(&mut self, sql: &str) -> Result<bool, Failure> {
-        Ok(self.call(sql, &[], None)? == [[Some("t".to_string())]])
+    fn answers_true(&mut self, sql: &str, budget: Option<Instant>) -> Result<bool, Failure> {
+        Ok(self.call(sql, &[], budget)? == [[Some("t".to_string())]])
     }
 
     pub fn other_holder(&mut self, params: &[Param]) -> Result<Option<(String, String)>, Failure> {
@@ -97,9 +97,14 @@ impl Remote {
 
     /// Releases the lease at the server's shutdown, which waits for it: within a second, whatever
     /// the registry's hosts do (name resolution aside); a lease not released runs out by itself.
-    /// A registry that took the mark this run knows of at its claims is told it (`known_mark`).
+    /// A registry that takes the mark this run knows of is told it (`known_mark`), asked afresh
+    /// after a new connection as at a claim: a copy of this run's memory must not release the
+    /// lease that another copy renews.
     pub fn release(&mut self, params: &[Param], known_mark: Param) -> Result<(), Failure> {
         let budget = Instant::now() + RELEASE_BUDGET;
+        if !self.takes_known_mark {
+            self.takes_known_mark = self.answers_true(lease::FENCING_READY_SQL, Some(budget))?;
+        }
         if self.takes_known_mark {
             let params: Vec<Param> = params.iter().cloned().chain([known_mark]).collect();
             self.call(lease::RELEASE_FENCED_SQL, &params, Some(budget))
