@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/package.sh MAJOR: writes dist/postgresql-MAJOR-snowid_VERSION_amd64.deb, a Debian package
 # of snowid for PostgreSQL MAJOR (15, 16, 17 or 18) as Debian's own postgresql-MAJOR lays it out. Its files
-# are what `cargo pgrx package` builds, and every install and upgrade script in sql/. Prints the
-# package's path last.
+# are what `cargo pgrx package` builds, every install and upgrade script in sql/, and the licence as
+# Debian's machine-readable copyright file. Prints the package's path last.
 major=${1:?usage: scripts/package.sh MAJOR}
 PG_MAJOR=$major
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -29,11 +29,20 @@ for tool in patroni prometheus; do
     install -d "$root/usr/share/postgresql/$major/contrib/snowid/$tool"
     install -m 644 contrib/$tool/* "$root/usr/share/postgresql/$major/contrib/snowid/$tool/"
 done
+# The copyright file in Debian's machine-readable format: LICENSE's terms below its copyright line,
+# each line indented by one space and each empty line written as " .".
+{
+    printf '%s\n' "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/" \
+        "Upstream-Name: snowid" "" "Files: *" "Copyright: 2026 the snowid authors" "License: PostgreSQL"
+    sed -n '/^Permission/,$p' LICENSE | sed 's/^$/./; s/^/ /'
+} >"$built/copyright"
+install -d "$root/usr/share/doc/postgresql-$major-snowid"
+install -m 644 "$built/copyright" "$root/usr/share/doc/postgresql-$major-snowid/"
 cat >"$root/DEBIAN/control" <<CONTROL
 Package: postgresql-$major-snowid
 Version: $version
 Architecture: $(dpkg --print-architecture)
-Maintainer: snowid developers <snowid@localhost>
+Maintainer: snowid maintainers <maintainers@snowid.dev>
 Depends: postgresql-$major, libpq5 (>= $major~), libcurl4, libgcc-s1, libc6
 Section: database
 Priority: optional

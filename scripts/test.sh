@@ -89,8 +89,9 @@ cluster_tests() {
     return "$status"
 }
 
-# test_package MAJOR: the Debian package holds the library, the control file and every install and
-# upgrade script, and no runpath. On 15, which Debian 12 has, it also replaces the files cargo pgrx
+# test_package MAJOR: the Debian package holds the library, the control file, every install and
+# upgrade script and the copyright file, which carries LICENSE's terms; its control names the
+# maintainers; no runpath. On 15, which Debian 12 has, it also replaces the files cargo pgrx
 # installed, passes the regression files, and leaves nothing behind once removed.
 test_package() {
     local major=$1 deb contents latest_upgrade
@@ -104,9 +105,23 @@ test_package() {
         "postgresql/$major/contrib/snowid/patroni/snowid-shared-registry.yml" \
         "postgresql/$major/contrib/snowid/patroni/snowid-etcd-registry.yml" \
         "postgresql/$major/contrib/snowid/prometheus/queries.yaml" \
-        "postgresql/$major/contrib/snowid/prometheus/snowid-alerts.yml"; do
+        "postgresql/$major/contrib/snowid/prometheus/snowid-alerts.yml" \
+        "doc/postgresql-$major-snowid/copyright"; do
         grep -q "$file\$" <<<"$contents" || { echo "$deb lacks $file" >&2; return 1; }
     done
+    local maintainer copyright
+    maintainer=$(dpkg-deb -f "$deb" Maintainer)
+    [ "$maintainer" = "snowid maintainers <maintainers@snowid.dev>" ] ||
+        { echo "$deb names the maintainer $maintainer" >&2; return 1; }
+    copyright=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO --wildcards "*/doc/postgresql-$major-snowid/copyright")
+    grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' <<<"$copyright" &&
+        grep -qx 'Files: \*' <<<"$copyright" && grep -qx 'License: PostgreSQL' <<<"$copyright" ||
+        { echo "$deb's copyright file does not name the PostgreSQL License for every file" >&2; return 1; }
+    # The licence's text, its indentation and " ." lines taken out again, is LICENSE's below its
+    # copyright line.
+    [ "$(sed -n '/^License: PostgreSQL$/,$p' <<<"$copyright" | tail -n +2 | sed 's/^ //; s/^\.$//')" = \
+        "$(sed -n '/^Permission/,$p' LICENSE)" ] ||
+        { echo "$deb's copyright file does not hold LICENSE's terms" >&2; return 1; }
     local library dynamic
     library=$(mktemp)
     dpkg-deb --fsys-tarfile "$deb" | tar -xO --wildcards '*/snowid.so' >"$library"
@@ -126,7 +141,8 @@ test_package() {
     "${apt[@]}" remove postgresql-15-snowid >/dev/null
     [ "$status" = 0 ] || return "$status"
     local left
-    left=$(ls "$("$PG_CONFIG" --pkglibdir)"/snowid* "$("$PG_CONFIG" --sharedir)"/extension/snowid* 2>/dev/null || true)
+    left=$(ls -d "$("$PG_CONFIG" --pkglibdir)"/snowid* "$("$PG_CONFIG" --sharedir)"/extension/snowid* \
+        /usr/share/doc/postgresql-15-snowid 2>/dev/null || true)
     [ -z "$left" ] || { echo "apt-get remove left files behind: $left" >&2; return 1; }
     echo "==> the package installed, passed the regression files and was removed without a trace"
     install_snowid
