@@ -49,6 +49,7 @@ Priority: optional
 Description: unique, roughly time-ordered 64-bit ids made inside PostgreSQL $major
  snowid makes bigint ids (41 bits of milliseconds, 10 bits of worker id, 12 bits of sequence)
  with snowid_next(), leasing each server's worker id so that no two servers share one.
+ License: PostgreSQL (see /usr/share/doc/postgresql-$major-snowid/copyright).
 CONTROL
 mkdir -p dist
 deb="dist/postgresql-$major-snowid_${version}_$(dpkg --print-architecture).deb"

@@ -113,6 +113,8 @@ test_package() {
     maintainer=$(dpkg-deb -f "$deb" Maintainer)
     [ "$maintainer" = "snowid maintainers <maintainers@snowid.dev>" ] ||
         { echo "$deb names the maintainer $maintainer" >&2; return 1; }
+    dpkg-deb -I "$deb" | grep -qx "  License: PostgreSQL (see /usr/share/doc/postgresql-$major-snowid/copyright)." ||
+        { echo "$deb's description names no licence" >&2; return 1; }
     copyright=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO --wildcards "*/doc/postgresql-$major-snowid/copyright")
     grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' <<<"$copyright" &&
         grep -qx 'Files: \*' <<<"$copyright" && grep -qx 'License: PostgreSQL' <<<"$copyright" ||
