@@ -1165,6 +1165,23 @@ const COPY_CLAIM: &str = "SELECT granted, renewal, fenced, reserved_until_ms \
                   l.mark + 1), \
          true, 1, true, l.mark)";
 
+/// Waits, up to 4 s, for the next renewal of `worker_id`'s lease, as its row shows it.
+fn wait_for_a_renewal(admin: &mut Client, worker_id: i32) {
+    let mut renewed_at = || -> i64 {
+        query_value(
+            admin,
+            &format!(
+                "SELECT (extract(epoch FROM renewed_at) * 1000)::int8 \
+                 FROM snowid.worker_lease WHERE worker_id = {worker_id}"
+            ),
+        )
+    };
+    let before = renewed_at();
+    wait_for("a renewal of the holder's", Duration::from_secs(4), || {
+        renewed_at() != before
+    });
+}
+
 #[test]
 fn a_copy_of_a_holders_memory_that_claims_its_lease_fences_the_holder_off() {
     let registry = registry("copy-registry", &[]);
@@ -1180,21 +1197,11 @@ fn a_copy_of_a_holders_memory_that_claims_its_lease_fences_the_holder_off() {
     let second = Node::start("copy-second", Some(4), &conninfo, &ttl);
     let mut admin = registry.connect();
     let (holder_id, incarnation, name, _, _, _) = lease_row(&mut admin, 4);
-    let renewed_at = |admin: &mut Client| -> i64 {
-        query_value(
-            admin,
-            "SELECT (extract(epoch FROM renewed_at) * 1000)::int8 \
-             FROM snowid.worker_lease WHERE worker_id = 4",
-        )
-    };
     let nodes = [&holder, &second];
     let (calls, (copied_at, copy_reserved_ms)) =
         calls_every(Duration::from_millis(2), &nodes, |started| {
             // Right after a renewal of the holder's: its next claim is the first after the copy's.
-            let before = renewed_at(&mut admin);
-            wait_for("a renewal of the holder's", Duration::from_secs(4), || {
-                renewed_at(&mut admin) != before
-            });
+            wait_for_a_renewal(&mut admin, 4);
             // With the table locked against the holder's claims, so that the mark the copy knows
             // of is the row's as the copy claims.
             let mut copying = admin.transaction().unwrap();
@@ -1239,18 +1246,8 @@ fn assert_a_change_by_hand_grants_no_worker_id_twice(prefix: &str, change: &str)
     assert_holds(&holder, 0);
     let newcomer = Node::prepare(&format!("{prefix}-newcomer"), None, &conninfo, &ttl);
     let mut admin = registry.connect();
-    let renewed_at = |admin: &mut Client| -> i64 {
-        query_value(
-            admin,
-            "SELECT (extract(epoch FROM renewed_at) * 1000)::int8 \
-             FROM snowid.worker_lease WHERE worker_id = 0",
-        )
-    };
     let (calls, (changed_at, newcomer, newcomer_calls)) = calls_during(&[&holder], |started| {
-        let before = renewed_at(&mut admin);
-        wait_for("a renewal of the holder's", Duration::from_secs(4), || {
-            renewed_at(&mut admin) != before
-        });
+        wait_for_a_renewal(&mut admin, 0);
         admin.batch_execute(change).unwrap();
         let changed_at = started.elapsed();
         // The change itself began the epoch, before the holder's next claim could (a claim by
