@@ -110,10 +110,21 @@ fn assert_refusing_metrics(port: u16, reason: &str, refused: f64, standby: bool)
             ("snowid_lease_seconds_left", &[], 0.0),
             ("snowid_in_recovery", &[], standby),
             ("snowid_worker_id_held_elsewhere", &[], standby),
+            ("snowid_lease_ttl_seconds", &[], 30.0),
             ("snowid_clock_backward_waits", &[], 0.0),
             ("snowid_sequence_overflow_waits", &[], 0.0),
         ],
     );
+}
+
+/// `snowid_lease_ttl_seconds` is the setting in seconds, however PostgreSQL shows it (60 s as
+/// `1min`).
+#[test]
+fn the_lease_ttl_metric_is_the_setting_in_seconds() {
+    let (server, _client) =
+        Cluster::start_leased("monitored-ttl", 6, &["snowid.lease_ttl = 60"], false);
+    let metrics = Exporter::start(server.port).scrape();
+    assert_eq!(sample(&metrics, "snowid_lease_ttl_seconds", &[]), 60.0);
 }
 
 fn refuse(client: &mut Client, times: usize) -> String {
@@ -159,6 +170,7 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
             ("snowid_lease_held", &[], 1.0),
             ("snowid_in_recovery", &[], 0.0),
             ("snowid_worker_id_held_elsewhere", &[], 0.0),
+            ("snowid_lease_ttl_seconds", &[], 30.0),
         ],
     );
     let left = sample(&metrics, "snowid_lease_seconds_left", &[]);
