@@ -117,7 +117,7 @@ pub fn fragment(shared: &Shared, number: u8) -> String {
         Mode::LeaseTableOnTheNodes => {}
         Mode::SharedRegistry => replace(
             &mut lines,
-            "host=registry.example.com port=5432 dbname=snowid user=snowid_node1",
+            "host=registry1.internal port=5432 dbname=postgres user=node1 sslmode=verify-full sslrootcert=/etc/postgresql/registry-ca.crt passfile=/etc/postgresql/snowid.pgpass",
             format!(
                 "host=127.0.0.1 port={} dbname=snowid user=snowid_node{number}",
                 shared.registry_port.unwrap()

@@ -39,6 +39,21 @@ fn the_patroni_page_shows_every_fragment_as_shipped() {
             mode.fragment()
         );
     }
+    // The shared registry's fragment reaches the registry as docs/registries.md sets it up (over
+    // TLS that verifies it, with a passfile), so that a node following both pages is let in.
+    let fragment =
+        fs::read_to_string(Path::new(CONTRIB).join(Mode::SharedRegistry.fragment())).unwrap();
+    let conninfo = fragment
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("snowid.registry: "))
+        .unwrap();
+    let registries =
+        fs::read_to_string(Path::new(CONTRIB).join("../../docs/registries.md")).unwrap();
+    assert!(
+        registries.contains(&format!("snowid.registry = {conninfo}")),
+        "docs/registries.md's set-up does not use the connection string of {}: {conninfo}",
+        Mode::SharedRegistry.fragment()
+    );
 }
 
 /// One fault on the primary of a fresh cluster, with the three clients running throughout.
