@@ -92,7 +92,8 @@ cluster_tests() {
 # test_package MAJOR: the Debian package holds the library, the control file, every install and
 # upgrade script and the copyright file, which carries LICENSE's terms; its control names the
 # maintainers; no runpath. On 15, which Debian 12 has, it also replaces the files cargo pgrx
-# installed, passes the regression files, and leaves nothing behind once removed.
+# installed, passes the regression files, and is uninstalled as docs/install.md says
+# (tests/cluster/tests/uninstall.rs), leaving nothing behind.
 test_package() {
     local major=$1 deb contents latest_upgrade
     echo "==> PostgreSQL $major: the Debian package"
@@ -140,13 +141,19 @@ test_package() {
     "${apt[@]}" install "./$deb" >/dev/null
     local status=0
     (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo nextest run --release -E 'binary(regress)') || status=$?
-    "${apt[@]}" remove postgresql-15-snowid >/dev/null
+    # docs/install.md's uninstall steps, which end with apt-get remove: alone, since they take away
+    # the files every other test uses.
+    if [ "$status" = 0 ]; then
+        (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo nextest run --release --ignore-default-filter \
+            -E 'binary(uninstall)') || status=$?
+    fi
+    if dpkg -s postgresql-15-snowid >/dev/null 2>&1; then "${apt[@]}" remove postgresql-15-snowid >/dev/null; fi
     [ "$status" = 0 ] || return "$status"
     local left
     left=$(ls -d "$("$PG_CONFIG" --pkglibdir)"/snowid* "$("$PG_CONFIG" --sharedir)"/extension/snowid* \
         /usr/share/doc/postgresql-15-snowid 2>/dev/null || true)
     [ -z "$left" ] || { echo "apt-get remove left files behind: $left" >&2; return 1; }
-    echo "==> the package installed, passed the regression files and was removed without a trace"
+    echo "==> the package installed, passed the regression files and was uninstalled as docs/install.md says, without a trace"
     install_snowid
 }
 

@@ -706,6 +706,15 @@ impl Cluster {
         self.pg_ctl("start");
     }
 
+    /// Starts the stopped server, or says what pg_ctl printed when it does not start.
+    pub fn try_start_again(&self) -> Result<(), String> {
+        let log = self.dir.join("server.log").display().to_string();
+        let data = self.data();
+        self.try_as_postgres(&["pg_ctl", "-w", "-D", &data, "-l", &log, "start"])
+            .map(|_| ())
+            .map_err(|output| printed(&output))
+    }
+
     /// Promotes a standby to a primary, returning once it is one.
     pub fn promote(&self) {
         self.as_postgres(&["pg_ctl", "-w", "-D", &self.data(), "promote"], &[]);
@@ -1040,6 +1049,17 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free port in {TEST_PORTS:?}");
+}
+
+/// `program` run as root: itself when the tests run as root, else through `sudo -n`.
+pub fn as_root_command(program: &str) -> Command {
+    if is_root() {
+        Command::new(program)
+    } else {
+        let mut command = Command::new("sudo");
+        command.args(["-n", program]);
+        command
+    }
 }
 
 fn is_root() -> bool {
