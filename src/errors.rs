@@ -60,6 +60,15 @@ impl SnowidError {
     }
 
     fn report(self, function: &'static str) -> ErrorReport {
+        self.report_at(function, Circumstances::now)
+    }
+
+    /// The report as `circumstances` would word it; only refusals read them.
+    pub(crate) fn report_at(
+        self,
+        function: &'static str,
+        circumstances: impl FnOnce() -> Circumstances,
+    ) -> ErrorReport {
         use PgSqlErrorCode::*;
         match self {
             SnowidError::NotPreloaded => ErrorReport::new(
@@ -77,7 +86,7 @@ impl SnowidError {
             )
             .set_detail("snowid does not guess a worker id: two servers with the same one could make the same ids.")
             .set_hint(format!(
-                "Choose a worker id from 0 to {MAX_WORKER_ID} that no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and restart the server."
+                "Choose a worker id from 0 to {MAX_WORKER_ID} that no other server uses, set snowid.worker_id for this server alone, in a configuration file outside its data directory (not with ALTER SYSTEM: standbys copy the data directory), and restart the server."
             )),
             SnowidError::AnyWorkerIdWithoutRegistry => ErrorReport::new(
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -93,13 +102,14 @@ impl SnowidError {
             )
             .set_hint("Make ids on the primary; once this server is promoted it issues as soon as it holds the lease."),
             SnowidError::Refused(Refusal::NotLeased) => {
-                let status = shmem::lease_status();
-                let worker_id = status.named_worker_id().or(gucs::worker_id());
+                let at = circumstances();
+                let status = at.status;
+                let worker_id = status.named_worker_id().or(at.configured_worker_id);
                 let report = ErrorReport::new(
                     ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                     format!(
                         "snowid refuses to issue ids: {}",
-                        lease::refusal_reason(&status, worker_id, SystemClock.monotonic_ns())
+                        lease::refusal_reason(&status, worker_id, at.monotonic_ns)
                     ),
                     function,
                 )
@@ -110,12 +120,12 @@ impl SnowidError {
                 }
             }
             SnowidError::Refused(Refusal::BoundReached) => {
-                let status = shmem::lease_status();
+                let at = circumstances();
                 ErrorReport::new(
                     ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                     format!(
                         "snowid refuses to issue ids: {}",
-                        lease::bound_reason(&status, status.worker_id.or(gucs::worker_id()))
+                        lease::bound_reason(&at.status, at.status.worker_id.or(at.configured_worker_id))
                     ),
                     function,
                 )
@@ -128,9 +138,9 @@ impl SnowidError {
                 function,
             ),
             SnowidError::Refused(Refusal::BelowFloor { by_ms }) => {
-                let status = shmem::lease_status();
-                let worker_id = status.worker_id.or(gucs::worker_id()).map_or(String::new(), |id| format!(" {id}"));
-                let reach = crate::clock::format_unix_ms(SystemClock.unix_millis() + by_ms as i64);
+                let at = circumstances();
+                let worker_id = at.status.worker_id.or(at.configured_worker_id).map_or(String::new(), |id| format!(" {id}"));
+                let reach = crate::clock::format_unix_ms(at.unix_ms + by_ms as i64);
                 clock_refusal(
                     format!(" for another {by_ms} ms: this server has just taken the lease on worker id{worker_id}, and ids issued before under it reach {reach}"),
                     "This server issues only above every id issued before under its worker id, by itself before a restart or crash or by the server that held the worker id before it.",
@@ -221,6 +231,27 @@ impl SnowidError {
             )
             .set_detail("A worker id belongs to one server: nothing takes it from a holder that may still be issuing.")
             .set_hint("Give every node its own snowid.worker_id, remove the snowid-on-role-change callback from Patroni's configuration, and run ALTER EXTENSION snowid UPDATE."),
+        }
+    }
+}
+
+/// What the words of a refusal depend on besides the refusal: the lease as the lease worker last
+/// recorded it, the worker id this server is configured with, and the clocks.
+pub(crate) struct Circumstances {
+    pub status: lease::Status,
+    pub configured_worker_id: Option<u16>,
+    pub monotonic_ns: u64,
+    pub unix_ms: i64,
+}
+
+impl Circumstances {
+    /// As they are now; only a server that preloads snowid has them.
+    fn now() -> Circumstances {
+        Circumstances {
+            status: shmem::lease_status(),
+            configured_worker_id: gucs::worker_id(),
+            monotonic_ns: SystemClock.monotonic_ns(),
+            unix_ms: SystemClock.unix_millis(),
         }
     }
 }

@@ -417,7 +417,7 @@ mod tests {
             row,
             (
                 Some("held".into()),
-                Some("database \"pgrx_tests\" on this server".into()),
+                Some("database \"pgrx_tests\" on this server: no other server is checked".into()),
                 None
             )
         );
@@ -920,5 +920,344 @@ mod tests {
             error_of("INSERT INTO snowid.worker_lease (worker_id, high_water_ms) VALUES (901, 2199023255553)"),
             "23514: new row for relation \"worker_lease\" violates check constraint \"worker_lease_high_water_ms_check\""
         );
+    }
+
+    // The documentation checked against this server's catalogs and snowid's own error reports, so
+    // that a page cannot drift from what the server has: docs/reference.md's settings, markings,
+    // status columns and refusal reasons, and docs/functions.md's errors.
+
+    const REFERENCE: &str = include_str!("../docs/reference.md");
+    const FUNCTIONS: &str = include_str!("../docs/functions.md");
+
+    /// The part of `page` under the heading line `heading`, to the next heading of its level or
+    /// above.
+    fn section<'a>(page: &'a str, heading: &str) -> &'a str {
+        let start = page
+            .find(&format!("\n{heading}\n"))
+            .unwrap_or_else(|| panic!("no heading {heading}"))
+            + 1;
+        let level = heading.split(' ').next().unwrap();
+        let rest = &page[start + heading.len()..];
+        let end = rest
+            .match_indices("\n#")
+            .find(|(at, _)| {
+                let line = rest[at + 1..].split(' ').next().unwrap();
+                line.chars().all(|c| c == '#') && line.len() <= level.len()
+            })
+            .map_or(rest.len(), |(at, _)| at);
+        &page[start..start + heading.len() + end]
+    }
+
+    /// The rows of the first table of `text`, each a list of its cells without backticks.
+    fn table_rows(text: &str) -> Vec<Vec<String>> {
+        text.lines()
+            .skip_while(|line| !line.starts_with('|'))
+            .take_while(|line| line.starts_with('|'))
+            .skip(2)
+            .map(|line| {
+                line.trim_matches('|')
+                    .split(" | ")
+                    .map(|cell| cell.trim().replace('`', ""))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The rows of `query`, each its first `columns` columns as text.
+    fn texts(query: &str, columns: usize) -> Vec<Vec<String>> {
+        Spi::connect(|client| {
+            let table = client.select(query, None, &[])?;
+            table
+                .into_iter()
+                .map(|row| {
+                    (1..=columns)
+                        .map(|column| Ok(row.get::<String>(column)?.unwrap_or_default()))
+                        .collect::<Result<Vec<_>, pgrx::spi::SpiError>>()
+                })
+                .collect::<Result<Vec<_>, pgrx::spi::SpiError>>()
+        })
+        .unwrap()
+    }
+
+    #[pg_test]
+    fn docs_reference_gives_every_setting_as_pg_settings_has_it() {
+        // The type, default, range and context, in the words the page uses for them.
+        let mut actual = texts(
+            "SELECT name,
+                    CASE vartype WHEN 'integer' THEN 'integer' || CASE unit WHEN 's' THEN ', seconds' WHEN 'ms' THEN ', milliseconds' ELSE '' END
+                                 WHEN 'bool' THEN 'boolean' ELSE 'text' END,
+                    CASE WHEN vartype = 'bool' THEN boot_val ELSE boot_val || coalesce(unit, '') END,
+                    CASE WHEN vartype = 'integer' THEN min_val || ' to ' || max_val || coalesce(' ' || unit, '') ELSE '' END,
+                    CASE context WHEN 'postmaster' THEN 'at a restart' WHEN 'sighup' THEN 'at a reload' ELSE context END
+               FROM pg_settings WHERE name LIKE 'snowid.%'",
+            5,
+        );
+        actual.sort();
+        let settings = section(REFERENCE, "## Settings");
+        let mut documented: Vec<Vec<String>> = settings
+            .lines()
+            .filter(|line| line.starts_with("### "))
+            .map(|heading| {
+                let name = heading["### ".len()..].trim_matches('`').to_string();
+                let row = table_rows(section(settings, heading))
+                    .pop()
+                    .unwrap_or_else(|| panic!("no table under {heading}"));
+                let [kind, default, range, takes_effect] = <[String; 4]>::try_from(row).unwrap();
+                // The default's first word is the value ("-1 (unset)", "empty: ..."); a text's
+                // range is not a number's.
+                let default = match default.split([' ', ':']).next().unwrap() {
+                    "empty" => String::new(),
+                    value => value.to_string(),
+                };
+                let range = if kind.starts_with("integer") {
+                    range
+                } else {
+                    String::new()
+                };
+                vec![name, kind, default, range, takes_effect]
+            })
+            .collect();
+        documented.sort();
+        assert_eq!(documented, actual);
+    }
+
+    #[pg_test]
+    fn docs_reference_gives_every_function_with_its_markings() {
+        let mut actual = texts(
+            "SELECT format('%s(%s)', proname, oidvectortypes(proargtypes)),
+                    CASE provolatile WHEN 'i' THEN 'immutable' WHEN 's' THEN 'stable' ELSE 'volatile' END,
+                    CASE WHEN proisstrict THEN 'yes' ELSE 'no' END,
+                    CASE proparallel WHEN 's' THEN 'safe' WHEN 'r' THEN 'restricted' ELSE 'unsafe' END,
+                    CASE WHEN has_function_privilege('public', p.oid, 'EXECUTE') THEN 'every role' ELSE 'superusers' END
+               FROM pg_proc p JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+              WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+                AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'snowid')
+                AND p.pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'snowid')",
+            5,
+        );
+        actual.sort();
+        let mut documented: Vec<Vec<String>> = table_rows(section(REFERENCE, "## Functions"))
+            .into_iter()
+            .map(|mut row| {
+                row[4] = row[4].split(" (").next().unwrap().to_string();
+                row
+            })
+            .collect();
+        documented.sort();
+        assert_eq!(documented, actual);
+    }
+
+    #[pg_test]
+    fn docs_reference_gives_every_column_of_snowid_status_and_every_refusal_reason() {
+        let actual = texts(
+            "SELECT a.name, format_type(a.type, NULL)
+               FROM pg_proc p,
+                    unnest(p.proargnames, p.proallargtypes::oid[], p.proargmodes) AS a(name, type, mode)
+              WHERE p.proname = 'snowid_status' AND a.mode = 't'",
+            2,
+        );
+        let documented: Vec<Vec<String>> = table_rows(section(REFERENCE, "## `snowid_status()`"))
+            .into_iter()
+            .map(|row| row[..2].to_vec())
+            .collect();
+        assert_eq!(documented, actual);
+        let reasons: Vec<String> = texts("SELECT reason FROM snowid_refusals()", 1)
+            .into_iter()
+            .map(|mut row| row.remove(0))
+            .collect();
+        let documented: Vec<String> = table_rows(section(REFERENCE, "## `snowid_refusals()`"))
+            .into_iter()
+            .map(|mut row| row.remove(0))
+            .collect();
+        assert_eq!(documented, reasons);
+    }
+
+    /// Each error that docs/functions.md's section "Errors" shows as the client sees it, a
+    /// ```text block's entry (ERROR or FATAL, then DETAIL and HINT).
+    fn documented_errors() -> Vec<String> {
+        let mut entries = vec![];
+        let mut entry = String::new();
+        let mut in_block = false;
+        for line in section(FUNCTIONS, "## Errors").lines() {
+            match line {
+                "```text" => in_block = true,
+                "```" | "" if in_block => {
+                    in_block = line.is_empty();
+                    if !entry.is_empty() {
+                        entries.push(std::mem::take(&mut entry));
+                    }
+                }
+                line if in_block => {
+                    entry.push_str(line);
+                    entry.push('\n');
+                }
+                _ => {}
+            }
+        }
+        entries
+    }
+
+    /// What a client is shown of `report`, raised at `level`.
+    fn as_shown(level: &str, report: &pgrx::pg_sys::panic::ErrorReport) -> String {
+        let mut shown = format!("{level}:  {}\n", report.message());
+        if let Some(detail) = report.detail() {
+            shown.push_str(&format!("DETAIL:  {detail}\n"));
+        }
+        if let Some(hint) = report.hint() {
+            shown.push_str(&format!("HINT:  {hint}\n"));
+        }
+        shown
+    }
+
+    #[pg_test]
+    fn docs_functions_shows_every_refusal_and_nothing_snowid_does_not_raise() {
+        use crate::errors::{Circumstances, SnowidError};
+        use crate::layout::TimestampOutOfRange;
+        use crate::lease::{State, Status, Text};
+        use crate::refusals::{Reason, Refusal};
+        // A lease status for worker id `worker_id` in `state`, as the docs' examples have it.
+        let status = |state: State, worker_id: Option<u16>| Status {
+            state,
+            worker_id,
+            ..Status::default()
+        };
+        let held_by = |worker_id: u16, holder: &str, expires_at: i64| Status {
+            holder: Text::new(holder),
+            expires_at,
+            ..status(State::HeldByOther, Some(worker_id))
+        };
+        let until = 1_795_968_012_345; // 2026-11-29 16:00:12.345 UTC
+        let circumstances = |status: Status| Circumstances {
+            status,
+            configured_worker_id: None,
+            monotonic_ns: 26_000_000_000,
+            // 652 ms before 2026-11-30 11:19:41.298 UTC, the example's reach.
+            unix_ms: 1_796_037_581_298 - 652,
+        };
+        let examples: Vec<(SnowidError, Status)> = vec![
+            (SnowidError::NotPreloaded, Status::default()),
+            (SnowidError::WorkerIdUnset, Status::default()),
+            (SnowidError::AnyWorkerIdWithoutRegistry, Status::default()),
+            (SnowidError::Refused(Refusal::ClockBehind { by_ms: 9998 }), Status::default()),
+            (SnowidError::Refused(Refusal::ClockStalled { waited_ms: 16 }), Status::default()),
+            (
+                SnowidError::Refused(Refusal::ClockOutOfRange(TimestampOutOfRange::BeforeEpoch)),
+                Status::default(),
+            ),
+            (
+                SnowidError::Refused(Refusal::BelowFloor { by_ms: 652 }),
+                status(State::Held, Some(5)),
+            ),
+            (
+                SnowidError::Refused(Refusal::NotLeased),
+                Status {
+                    last_error: Text::new(
+                        "extension snowid 0.3.0 or later is not installed in database \"upgraded\"",
+                    ),
+                    ..status(State::Starting, Some(21))
+                },
+            ),
+            (
+                SnowidError::Refused(Refusal::NotLeased),
+                Status {
+                    handover_needed: true,
+                    ..held_by(5, "primary@db1:5432", until)
+                },
+            ),
+            (
+                SnowidError::Refused(Refusal::NotLeased),
+                Status {
+                    handover_needed: true,
+                    released: true,
+                    ..held_by(5, "primary@db1:5432", until)
+                },
+            ),
+            (SnowidError::Refused(Refusal::NotLeased), held_by(1, "node1@db7:5432", until)),
+            (
+                SnowidError::Refused(Refusal::NotLeased),
+                Status {
+                    own_name: true,
+                    ..held_by(6, "node1@db7:5432", until)
+                },
+            ),
+            (SnowidError::Refused(Refusal::NotLeased), status(State::HeldByOther, None)),
+            (
+                SnowidError::Refused(Refusal::NotLeased),
+                Status {
+                    unsettled: true,
+                    // 2026-12-02 09:00:12.345 UTC
+                    ..held_by(5, "", 1_796_202_012_345)
+                },
+            ),
+            (
+                SnowidError::Refused(Refusal::NotLeased),
+                Status {
+                    renewed_ns: 1_000_000_000,
+                    ..status(State::Held, Some(5))
+                },
+            ),
+            (SnowidError::Refused(Refusal::BoundReached), status(State::Held, Some(5))),
+            (
+                SnowidError::Refused(Refusal::BoundReached),
+                Status {
+                    ceiling_error: Text::new(
+                        "could not record the ceiling in snowid.ceiling: No space left on device (os error 28)",
+                    ),
+                    ..status(State::Held, Some(5))
+                },
+            ),
+            (
+                SnowidError::Refused(Refusal::NotLeased),
+                Status {
+                    // 2026-11-29 16:00:15.120 UTC
+                    unreachable_since: 1_795_968_015_120,
+                    last_error: Text::new("connection to server at \"10.0.0.5\", port 5432 failed: Connection refused Is the server running on that host and accepting TCP/IP connections?"),
+                    ..status(State::RegistryUnreachable, Some(3))
+                },
+            ),
+            (SnowidError::Refused(Refusal::NotLeased), status(State::Released, Some(5))),
+            (SnowidError::PostmasterGone, Status::default()),
+            (SnowidError::InRecovery, Status::default()),
+        ];
+        let documented = documented_errors();
+        let mut reasons = vec![];
+        let mut raised = vec![];
+        for (error, status) in examples {
+            let level = if matches!(error, SnowidError::PostmasterGone) {
+                "FATAL"
+            } else {
+                "ERROR"
+            };
+            reasons.extend(match &error {
+                SnowidError::Refused(refusal) => Some(Reason::of(*refusal, false, status.state)),
+                SnowidError::InRecovery => Some(Reason::InRecovery),
+                SnowidError::WorkerIdUnset | SnowidError::AnyWorkerIdWithoutRegistry => {
+                    Some(Reason::NotConfigured)
+                }
+                _ => None,
+            });
+            let shown = as_shown(
+                level,
+                &error.report_at("snowid_next", || circumstances(status)),
+            );
+            assert!(
+                documented.contains(&shown),
+                "docs/functions.md does not show this error as snowid raises it:\n{shown}"
+            );
+            raised.push(shown);
+        }
+        for entry in &documented {
+            assert!(
+                raised.contains(entry),
+                "docs/functions.md shows an error that snowid does not raise so:\n{entry}"
+            );
+        }
+        for reason in Reason::ALL {
+            assert!(
+                reasons.contains(&reason),
+                "no example of docs/functions.md refuses for {}",
+                reason.label()
+            );
+        }
     }
 }

@@ -216,7 +216,11 @@ fn known_mark_param(known_mark_ms: Option<u64>) -> Param {
 /// password.
 pub fn description() -> String {
     match gucs::registry() {
-        None => format!("database \"{}\" on this server", gucs::database()),
+        // Said plainly: a lease table on this server sees no other server's worker ids.
+        None => format!(
+            "database \"{}\" on this server: no other server is checked",
+            gucs::database()
+        ),
         Some(registry) if is_etcd(&registry) => etcd::description(&registry),
         Some(conninfo) => remote::description(&conninfo),
     }

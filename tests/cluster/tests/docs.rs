@@ -371,3 +371,61 @@ fn every_benchmark_result_is_linked_from_the_docs() {
         "not linked from any page: {unlinked:?}"
     );
 }
+
+/// The majors `scripts/test.sh --all-majors` tests, as `MAJORS=(...)` in scripts/lib.sh lists them.
+fn tested_majors() -> Vec<String> {
+    let lib = fs::read_to_string(root().join("scripts/lib.sh")).unwrap();
+    let list = lib
+        .lines()
+        .find_map(|line| line.strip_prefix("MAJORS=("))
+        .expect("MAJORS=(...) in scripts/lib.sh");
+    list.trim_end_matches(')')
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// Every page that shows CI's command names the majors it tests beside the first.
+#[test]
+fn the_pages_name_every_major_that_all_majors_tests() {
+    let majors = tested_majors();
+    let (first, others) = majors.split_first().unwrap();
+    let others = match others {
+        [] => String::new(),
+        [only] => only.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    };
+    let line = format!(
+        "scripts/test.sh --all-majors   # CI's: every test on {first}, then the per-major tier on {others}\n"
+    );
+    for page in ["README.md", "docs/development.md"] {
+        let text = fs::read_to_string(root().join(page)).unwrap();
+        assert!(text.contains(&line), "{page} lacks: {line}");
+    }
+}
+
+/// Each alert rule's runbook is the section of docs/monitoring.md named after it.
+#[test]
+fn every_alert_rule_links_its_runbook_section() {
+    let rules = fs::read_to_string(root().join("contrib/prometheus/snowid-alerts.yml")).unwrap();
+    let sections = anchors(&fs::read_to_string(root().join("docs/monitoring.md")).unwrap());
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("- alert: "))
+        .collect();
+    let runbooks: Vec<&str> = rules
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("runbook: "))
+        .map(|runbook| runbook.trim_matches('"'))
+        .collect();
+    assert_eq!(alerts.len(), 5, "{rules}");
+    assert_eq!(alerts.len(), runbooks.len(), "{rules}");
+    for (alert, runbook) in alerts.iter().zip(&runbooks) {
+        let section = alert.to_lowercase();
+        assert_eq!(*runbook, format!("docs/monitoring.md#{section}"));
+        assert!(
+            sections.contains(&section),
+            "docs/monitoring.md has no section {alert}"
+        );
+    }
+}

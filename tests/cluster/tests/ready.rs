@@ -139,8 +139,9 @@ fn a_server_that_can_never_issue_says_why_at_once() {
             "ready-unset",
             vec!["shared_preload_libraries = 'snowid'"],
             "55000: snowid.worker_id is not set HINT: Choose a worker id from 0 to 1023 that no \
-             other server uses, set snowid.worker_id in postgresql.conf (or with ALTER SYSTEM) and \
-             restart the server.",
+             other server uses, set snowid.worker_id for this server alone, in a configuration \
+             file outside its data directory (not with ALTER SYSTEM: standbys copy the data \
+             directory), and restart the server.",
         ),
         (
             "ready-any",

@@ -34,8 +34,9 @@ fn an_unset_worker_id_refuses_with_a_hint() {
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
     let expected =
         "55000: snowid.worker_id is not set HINT: Choose a worker id from 0 to 1023 that \
-                    no other server uses, set snowid.worker_id in postgresql.conf (or with ALTER \
-                    SYSTEM) and restart the server.";
+                    no other server uses, set snowid.worker_id for this server alone, in a \
+                    configuration file outside its data directory (not with ALTER SYSTEM: standbys \
+                    copy the data directory), and restart the server.";
     for statement in ["SELECT snowid_next()", "SELECT snowid_next_batch(10)"] {
         assert_eq!(
             error_text(&client.simple_query(statement).unwrap_err()),
