@@ -3,6 +3,7 @@
 //! left, all through the gateway.
 
 use super::gateway::{decode, encode, Gateway, Reply};
+use super::history::{Epoch, Seen};
 use super::keys::{KeysRead, Slot, WORKER_IDS};
 use super::setting::Setting;
 use crate::registry::Failure;
@@ -14,13 +15,16 @@ pub struct Etcd {
     gateway: Gateway,
     /// Says when a call must give up at once, such as when the server shuts down.
     stop: fn() -> bool,
+    /// Tells the server's log what an operator must know.
+    pub(super) warn: fn(&str),
 }
 
 impl Etcd {
-    pub fn new(setting: Setting, stop: fn() -> bool) -> Etcd {
+    pub fn new(setting: Setting, stop: fn() -> bool, warn: fn(&str)) -> Etcd {
         Etcd {
             gateway: Gateway::new(setting),
             stop,
+            warn,
         }
     }
 
@@ -48,12 +52,7 @@ impl Etcd {
             worker: slot(0)?,
             holding: slot(1)?,
             mark: slot(2)?,
-            registry_unix_ms: reply.date_unix_ms.ok_or_else(|| {
-                Failure::Error(
-                    "etcd answered with no Date header, which snowid reads etcd's clock from"
-                        .into(),
-                )
-            })?,
+            registry_unix_ms: registry_clock(&reply)?,
         })
     }
 
@@ -118,6 +117,65 @@ impl Etcd {
         Ok(reply.body["succeeded"].as_bool() == Some(true))
     }
 
+    /// `PREFIX/epoch` as recorded, if it is, and the revision it was last changed at (0 for none).
+    pub(super) fn read_epoch(&mut self, budget: Instant) -> Result<(Option<Epoch>, i64), Failure> {
+        let key = format!("{}/epoch", self.prefix());
+        let reply = self.call("/v3/kv/range", json!({"key": encode(&key)}), budget)?;
+        let Some(kv) = reply.body["kvs"].get(0) else {
+            return Ok((None, 0));
+        };
+        let slot = slot_of(kv)?;
+        let text = slot.value.unwrap_or_default();
+        let epoch = Epoch::from_json(&text).ok_or_else(|| {
+            Failure::Error(format!(
+                "the etcd key {key} holds \"{text}\", not the epoch snowid records there"
+            ))
+        })?;
+        Ok((Some(epoch), slot.mod_revision))
+    }
+
+    /// Writes `epoch` if `PREFIX/epoch` is unchanged since `mod_revision`; false if it changed.
+    pub(super) fn write_epoch(
+        &mut self,
+        epoch: &Epoch,
+        mod_revision: i64,
+        budget: Instant,
+    ) -> Result<bool, Failure> {
+        let key = format!("{}/epoch", self.prefix());
+        let compare = json!({
+            "key": encode(&key),
+            "target": "MOD",
+            "result": "EQUAL",
+            "mod_revision": mod_revision.to_string(),
+        });
+        let ops = vec![put(&key, &epoch.to_json(), 0)];
+        let reply = self.call(
+            "/v3/kv/txn",
+            json!({"compare": [compare], "success": ops}),
+            budget,
+        )?;
+        Ok(reply.body["succeeded"].as_bool() == Some(true))
+    }
+
+    /// The answering member's history as its status shows it, and its clock in Unix ms.
+    pub(super) fn status(&mut self, budget: Instant) -> Result<(Seen, i64), Failure> {
+        let reply = self.call("/v3/maintenance/status", json!({}), budget)?;
+        let body = &reply.body;
+        let seen = Seen {
+            cluster_id: body["header"]["cluster_id"]
+                .as_str()
+                .unwrap_or_default()
+                .into(),
+            revision: int(&body["header"]["revision"]),
+            // etcd before 3.4 shows only the committed index, which is never below it.
+            applied_index: match int(&body["raftAppliedIndex"]) {
+                0 => int(&body["raftIndex"]),
+                applied => applied,
+            },
+        };
+        Ok((seen, registry_clock(&reply)?))
+    }
+
     /// Keeps the etcd lease `lease` alive: the seconds it has now, 0 or less when it ran out.
     pub(super) fn keep_alive(&mut self, lease: i64, budget: Instant) -> Result<i64, Failure> {
         let reply = self.lease_call("/v3/lease/keepalive", lease, budget)?;
@@ -155,6 +213,15 @@ pub fn put(key: &str, value: &str, lease: i64) -> Value {
 
 pub fn delete(key: &str) -> Value {
     json!({"request_delete_range": {"key": encode(key)}})
+}
+
+/// etcd's clock, as `reply` says it.
+fn registry_clock(reply: &Reply) -> Result<i64, Failure> {
+    reply.date_unix_ms.ok_or_else(|| {
+        Failure::Error(
+            "etcd answered with no Date header, which snowid reads etcd's clock from".into(),
+        )
+    })
 }
 
 /// A key as read; a value that is not text (written by hand) is an error, never an absent key.

@@ -24,6 +24,7 @@
 
 use super::calls::{delete, int, put, Etcd};
 use super::gateway::{is_lease_taken, is_not_found};
+use super::history::{judge, Judgement};
 pub use super::keys::{lease_id, Held, Holder, Request};
 use super::keys::{new_mark, plan, KeysRead, Plan, WORKER_IDS};
 use crate::lease::{Answer, Granted, Verdict};
@@ -78,6 +79,9 @@ impl Etcd {
         request: &Request,
         budget: Instant,
     ) -> Result<Answer, Failure> {
+        if let Some(held_back) = self.hold_back(worker_id, request, budget)? {
+            return Ok(held_back);
+        }
         let Some(worker_id) = worker_id else {
             return self.claim_any(request, budget);
         };
@@ -90,6 +94,59 @@ impl Etcd {
         }
         Err(Failure::Error(format!(
             "the etcd keys of worker id {worker_id} changed under each of {ATTEMPTS} claims in a row"
+        )))
+    }
+
+    /// The refusal of a claim that a new epoch holds back (see `history`): while it lasts, only a
+    /// server that issues under a worker id claims it, putting back its keys if they are gone.
+    fn hold_back(
+        &mut self,
+        worker_id: Option<u16>,
+        request: &Request,
+        budget: Instant,
+    ) -> Result<Option<Answer>, Failure> {
+        let ttl_ms = request.ttl.as_millis() as i64;
+        for _ in 0..ATTEMPTS {
+            // The epoch first: a member that shows it has applied the change that wrote it.
+            let (recorded, mod_revision) = self.read_epoch(budget)?;
+            let (seen, registry_ms) = self.status(budget)?;
+            match judge(recorded.as_ref(), &seen, registry_ms, ttl_ms) {
+                Judgement::Settled => return Ok(None),
+                Judgement::Unsettled { until_ms } => {
+                    let own_word = request
+                        .held
+                        .is_some_and(|held| worker_id.is_none_or(|id| id == held.worker_id));
+                    return Ok((!own_word).then_some(Answer {
+                        worker_id,
+                        verdict: Verdict::Unsettled { until: until_ms },
+                    }));
+                }
+                Judgement::Record(epoch) => {
+                    self.write_epoch(&epoch, mod_revision, budget)?;
+                }
+                Judgement::WentBack(epoch) => {
+                    if self.write_epoch(&epoch, mod_revision, budget)? {
+                        let why = match &recorded {
+                            Some(before) if before.cluster_id != seen.cluster_id => format!(
+                                "the etcd keys under {} were written by another etcd cluster ({}, this one is {}): a mirror promoted, or a restore with other flags",
+                                self.prefix(), before.cluster_id, seen.cluster_id
+                            ),
+                            _ => format!(
+                                "etcd's history went back (its applied Raft index is {}, its revision {}), as after a restore from a snapshot",
+                                seen.applied_index, seen.revision
+                            ),
+                        };
+                        (self.warn)(&format!(
+                            "{why}; the leases of servers that hold worker ids may be lost, so no worker id is granted anew for {} s, until every one of them has run out, but each holder keeps its own",
+                            (epoch.settles_at_ms - registry_ms + 999) / 1000
+                        ));
+                    }
+                }
+            }
+        }
+        Err(Failure::Error(format!(
+            "the etcd key {}/epoch changed under each of {ATTEMPTS} reads in a row",
+            self.prefix()
         )))
     }
 

@@ -5,6 +5,7 @@
 mod calls;
 mod claims;
 mod gateway;
+mod history;
 mod keys;
 pub mod setting;
 
@@ -32,7 +33,9 @@ impl EtcdRegistry {
         BackgroundWorker::connect_worker_to_spi(None, None);
         match Setting::parse(registry) {
             Ok(setting) => Some(EtcdRegistry {
-                etcd: Etcd::new(setting, stop),
+                etcd: Etcd::new(setting, stop, |message| {
+                    pgrx::warning!("snowid lease worker: {message}")
+                }),
             }),
             Err(error) => {
                 // Only a restart changes the setting, so wait for one.

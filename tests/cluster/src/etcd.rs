@@ -58,6 +58,10 @@ impl Member {
     fn address(&self) -> &str {
         self.host.as_ref().map_or("127.0.0.1", |host| &host.address)
     }
+
+    fn peer_url(&self) -> String {
+        format!("http://{}:{}", self.address(), self.peer_port)
+    }
 }
 
 pub struct EtcdCluster {
@@ -126,19 +130,7 @@ impl EtcdCluster {
 
     /// Starts member `index` again, or for the first time.
     pub fn start_member(&mut self, index: usize) {
-        let initial_cluster = self
-            .members
-            .iter()
-            .map(|member| {
-                format!(
-                    "{}=http://{}:{}",
-                    member.name,
-                    member.address(),
-                    member.peer_port
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(",");
+        let initial_cluster = self.initial_cluster();
         let member = &self.members[index];
         let log = fs::File::options()
             .create(true)
@@ -147,7 +139,7 @@ impl EtcdCluster {
             .unwrap();
         let address = member.address();
         let client_url = format!("{}://{address}:{}", self.scheme(), member.client_port);
-        let peer_url = format!("http://{address}:{}", member.peer_port);
+        let peer_url = member.peer_url();
         let mut command = match &member.host {
             Some(host) => host.command("etcd"),
             None => Command::new("etcd"),
@@ -179,6 +171,64 @@ impl EtcdCluster {
         self.members[index].process = Some(Process { child });
     }
 
+    /// Every member's name and peer URL, as `--initial-cluster` takes them.
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|member| format!("{}={}", member.name, member.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `etcdctl snapshot save` of the first member into `path`.
+    pub fn save_snapshot(&self, path: &Path) {
+        let endpoint = format!(
+            "{}:{}",
+            self.members[0].address(),
+            self.members[0].client_port
+        );
+        let path = path.to_str().unwrap();
+        self.run_etcdctl(&endpoint, &["snapshot", "save", path])
+            .unwrap_or_else(|error| panic!("etcdctl snapshot save: {error}"));
+    }
+
+    /// etcd's disaster recovery, as its documentation gives it: every member stopped, its data
+    /// made anew by `etcdctl snapshot restore` of the snapshot at `path` with the flags it was
+    /// started with (so that the cluster keeps its ID), and started again; answering once done.
+    pub fn restore_snapshot(&mut self, path: &Path) {
+        assert!(self.control.is_none(), "restored on this machine only");
+        for member in &mut self.members {
+            member.process = None;
+        }
+        let initial_cluster = self.initial_cluster();
+        for member in &self.members {
+            let data = self.dir.join(&member.name);
+            fs::remove_dir_all(&data).unwrap();
+            let output = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["snapshot", "restore"])
+                .arg(path)
+                .args(["--name", &member.name, "--data-dir"])
+                .arg(&data)
+                .arg(format!("--initial-cluster={initial_cluster}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls={}",
+                    member.peer_url()
+                ))
+                .output()
+                .expect("etcdctl (Debian's etcd-client) runs");
+            assert!(
+                output.status.success(),
+                "etcdctl snapshot restore: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        for index in 0..self.members.len() {
+            self.start_member(index);
+        }
+        self.wait_until_answering();
+    }
+
     /// `HOST:PORT` of every member, comma-separated, as `snowid.registry` and etcdctl take them.
     pub fn endpoints(&self) -> String {
         self.members
@@ -190,13 +240,18 @@ impl EtcdCluster {
 
     /// Runs etcdctl against every member; its output, or the error.
     pub fn try_etcdctl(&self, args: &[&str]) -> Result<String, String> {
+        self.run_etcdctl(&self.endpoints(), args)
+    }
+
+    /// Runs etcdctl against `endpoints`; its output, or the error.
+    fn run_etcdctl(&self, endpoints: &str, args: &[&str]) -> Result<String, String> {
         let mut command = match &self.control {
             Some(host) => host.command("etcdctl"),
             None => Command::new("etcdctl"),
         };
         command
             .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoints()))
+            .arg(format!("--endpoints={endpoints}"))
             .arg("--command-timeout=5s");
         if let Some(tls) = &self.tls {
             command

@@ -39,13 +39,14 @@ pub struct LossRun {
 
 /// Runs the fleet on `registry` (a libpq connection string or an etcd registry) with `settings`:
 /// `copy` takes the copy once `a` and `f1` hold their leases, `lose` puts it back in the
-/// registry's place [`COPY_AGE`] later, while every node issues.
+/// registry's place [`COPY_AGE`] later, while every node of the fleet (given to it, in [`FLEET`]'s
+/// order) issues.
 pub fn fleet_through_a_registry_loss(
     prefix: &str,
     registry: &str,
     settings: &[&str],
     copy: impl FnOnce(),
-    lose: impl FnOnce(),
+    lose: impl FnOnce(&[Node]),
 ) -> LossRun {
     let start = |(name, worker_id, _): (&str, Option<u16>, i64)| {
         let node = Node::start(&format!("{prefix}-{name}"), worker_id, registry, settings);
@@ -65,7 +66,7 @@ pub fn fleet_through_a_registry_loss(
     let fleet: Vec<&Node> = nodes.iter().collect();
     let (calls, (lost_at, newcomer, newcomer_calls)) = calls_during(&fleet, |started| {
         std::thread::sleep(COPY_AGE.saturating_sub(copied.elapsed()));
-        lose();
+        lose(&nodes);
         let lost_at = started.elapsed();
         let newcomer = prepared.join();
         let calls = calls_until_issuing(

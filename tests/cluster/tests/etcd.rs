@@ -8,15 +8,15 @@
 
 use postgres::Client;
 use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
-use snowid_cluster_tests::ids::{millis_now, millis_of, worker_of};
+use snowid_cluster_tests::ids::{millis_now, millis_of, unix_ms_of, worker_of};
 use snowid_cluster_tests::loss::{
-    fleet_through_a_registry_loss, FLEET, NEWCOMER_WORKER_ID, NOT_ACQUIRED,
+    fleet_through_a_registry_loss, LossRun, FLEET, NEWCOMER_WORKER_ID, NOT_ACQUIRED, UNSETTLED,
 };
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     assert_fenced_off_then_taken, calls_during, distinct_ids, give_to_postgres, lease_worker_pid,
-    next_id, next_id_once_issuing, remove_unless_failed, wait_for, wait_for_lease_state,
-    watch_conflict_refusals, Node,
+    next_id, next_id_once_issuing, query_value, remove_unless_failed, signal, wait_every, wait_for,
+    wait_for_lease_state, watch_conflict_refusals, Node,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -333,11 +333,11 @@ fn keys_wiped_and_written_back_from_an_earlier_copy_under_a_running_fleet_grant_
         &registry,
         &["snowid.lease_ttl = 9"],
         || *copy.borrow_mut() = etcd.etcdctl(&["get", "--prefix", "/snowid/"]),
-        || {
+        |_| {
             etcd.etcdctl(&["del", "--prefix", "/snowid/"]);
             let copy = copy.borrow();
             let lines: Vec<&str> = copy.lines().collect();
-            assert_eq!(lines.len(), 12, "a's and f1's three keys: {copy}");
+            assert_eq!(lines.len(), 14, "a's and f1's three keys, and the epoch: {copy}");
             for pair in lines.chunks(2) {
                 etcd.etcdctl(&["put", pair[0], pair[1]]);
             }
@@ -370,6 +370,140 @@ fn keys_wiped_and_written_back_from_an_earlier_copy_under_a_running_fleet_grant_
         );
         assert_eq!(etcd.get(&key), Some(name));
     }
+}
+
+/// etcd restored from a snapshot (etcd's disaster recovery, every member's data made anew from it)
+/// taken 30 s before, under the fleet of `loss` with `snowid.lease_ttl` `ttl_s`: three of its nodes
+/// took their worker ids after the snapshot, so that the restored etcd has lost their keys and
+/// etcd leases. `b`'s lease worker is stopped right after a renewal, before etcd stops, for half
+/// the time it may issue without one, and the newcomer joins as soon as etcd answers. The first
+/// claim after the restore sees the history gone back and begins an epoch of a lease; until it
+/// settles, each holder puts back its own keys and nothing else is granted.
+fn fleet_through_an_etcd_restore(name: &str, ttl_s: u64) -> LossRun {
+    let dir = directory(name);
+    let mut etcd = EtcdCluster::start(&dir, 3, None);
+    // An etcd in service has written more than the fleet's few keys (Patroni's, say): a restore
+    // shows when the snapshot's revision lies above the Raft index the restored members start at.
+    for key in 0..50 {
+        etcd.etcdctl(&["put", &format!("/service/{key}"), "value"]);
+    }
+    let registry = registry(&etcd);
+    let snapshot = dir.join("snapshot.db");
+    let ttl = format!("snowid.lease_ttl = {ttl_s}");
+    // A node stops issuing a sixth of the lease before it ends, unless renewed.
+    let window = Duration::from_millis(ttl_s * 1000 * 5 / 6);
+    let etcd = RefCell::new(&mut etcd);
+    let resume = RefCell::new(None);
+    let run = fleet_through_a_registry_loss(
+        name,
+        &registry,
+        &[&ttl],
+        || etcd.borrow().save_snapshot(&snapshot),
+        |fleet| {
+            // b, which took its worker id after the snapshot.
+            let mut b = fleet[2].cluster.connect();
+            let stalled = lease_worker_pid(&mut b);
+            let renewed = |b: &mut Client| {
+                let left: f64 = query_value(b, "SELECT lease_seconds_left FROM snowid_status()");
+                left > (window - Duration::from_millis(300)).as_secs_f64()
+            };
+            wait_every(
+                "b renews",
+                Duration::from_secs(ttl_s),
+                Duration::from_millis(10),
+                || renewed(&mut b),
+            );
+            signal(stalled, "-STOP");
+            let stopped = Instant::now();
+            etcd.borrow_mut().restore_snapshot(&snapshot);
+            *resume.borrow_mut() = Some(std::thread::spawn(move || {
+                std::thread::sleep((window / 2).saturating_sub(stopped.elapsed()));
+                signal(stalled, "-CONT");
+            }));
+        },
+    );
+    resume.into_inner().unwrap().join().unwrap();
+    let all_calls = run.calls.iter().flatten().chain(&run.newcomer_calls);
+    println!("{} ids, none twice", distinct_ids(all_calls).len());
+    let etcd = etcd.into_inner();
+    let epoch: serde_json::Value =
+        serde_json::from_str(&etcd.get("/snowid/epoch").unwrap()).unwrap();
+    let settles_at_ms = epoch["settles_at_ms"].as_i64().unwrap();
+    // The epoch lasts a lease, and etcd's clock is read in whole seconds.
+    assert_eq!(
+        settles_at_ms - epoch["began_at_ms"].as_i64().unwrap(),
+        ttl_s as i64 * 1000 + 1000,
+        "{epoch}"
+    );
+    let newcomer_ids = distinct_ids(&run.newcomer_calls);
+    assert!(
+        unix_ms_of(newcomer_ids[0]) >= settles_at_ms,
+        "the newcomer's first id is stamped {} ms before the epoch settled",
+        settles_at_ms - unix_ms_of(newcomer_ids[0])
+    );
+    let refusals = run.newcomer_refusals();
+    assert!(refusals.contains(&UNSETTLED.to_string()), "{refusals:?}");
+    assert!(
+        refusals
+            .iter()
+            .all(|refusal| refusal == UNSETTLED || refusal == NOT_ACQUIRED),
+        "{refusals:?}"
+    );
+    // Each holder's keys are its own again, bound to its etcd lease, and the newcomer took the
+    // lowest worker id nobody holds.
+    let mut holders: Vec<(i64, String)> = run
+        .nodes
+        .iter()
+        .zip(FLEET)
+        .map(|(node, (_, _, worker_id))| (worker_id, node.holder_name()))
+        .collect();
+    holders.push((NEWCOMER_WORKER_ID, run.newcomer.holder_name()));
+    for (worker_id, holder) in holders {
+        let key = format!("/snowid/workers/{worker_id}");
+        wait_for(
+            &format!("{key} bound to an etcd lease"),
+            Duration::from_secs(5),
+            || etcd.lease_of(&key) != 0,
+        );
+        assert_eq!(etcd.get(&key), Some(holder));
+    }
+    let warned = run
+        .nodes
+        .iter()
+        .chain([&run.newcomer])
+        .filter(|node| node.cluster.log().contains("etcd's history went back"))
+        .count();
+    assert_eq!(
+        warned, 1,
+        "one claim began the epoch, and its server said why"
+    );
+    run
+}
+
+#[test]
+fn etcd_restored_from_a_snapshot_under_a_fleet_with_30_s_leases_grants_no_worker_id_twice() {
+    let run = fleet_through_an_etcd_restore("etcd-restore-30", 30);
+    // Every holder issued throughout: etcd answered again well within a lease.
+    assert_eq!(run.assert_unique_and_issuing_again(Duration::ZERO), [0; 5]);
+    let waited = run.newcomer_first_id_after();
+    assert!(
+        waited > Duration::from_secs(30) && waited < Duration::from_secs(35),
+        "{waited:?}"
+    );
+}
+
+#[test]
+fn etcd_restored_from_a_snapshot_under_a_fleet_with_9_s_leases_grants_no_worker_id_twice() {
+    let run = fleet_through_an_etcd_restore("etcd-restore-9", 9);
+    // A holder whose last renewal came just before etcd stopped may reach its deadline before
+    // etcd answers again: each issues again within a renewal interval.
+    let refused = run.assert_unique_and_issuing_again(Duration::from_secs(3));
+    println!("refused calls per node {refused:?}");
+    let waited = run.newcomer_first_id_after();
+    assert!(
+        waited > Duration::from_secs(9) && waited < Duration::from_secs(14),
+        "{waited:?}"
+    );
 }
 
 #[test]
@@ -626,7 +760,7 @@ fn tls_with_client_certificates_and_user_authentication() {
         ),
         (
             Node::start("other-prefix", Some(8), &setting("other", &ca, true, &right), &[]),
-            "etcd refused /v3/kv/txn: etcdserver: permission denied",
+            "etcd refused /v3/kv/range: etcdserver: permission denied",
         ),
         // The password never crosses the network in the clear: refused before any connection.
         (
@@ -674,6 +808,7 @@ fn tls_with_client_certificates_and_user_authentication() {
         keys,
         [
             "/snowid-test/ready",
+            "/snowid/epoch",
             "/snowid/holders/4",
             "/snowid/marks/4",
             "/snowid/workers/4"

@@ -99,7 +99,7 @@ fn a_registry_restored_from_a_dump_under_a_running_fleet_grants_no_worker_id_twi
         &registry_conninfo(&[registry.port]),
         &[&settings],
         || registry.dump("postgres", &dump),
-        || registry.restore_over("postgres", &dump),
+        |_| registry.restore_over("postgres", &dump),
     );
     // The nodes that held a lease kept it: a restored registry takes their word for it.
     let refused = run.assert_unique_and_issuing_again(ttl_and_a_renewal());
@@ -137,7 +137,7 @@ fn a_registry_recovered_to_a_point_in_time_under_a_running_fleet_grants_no_worke
                 .get(0);
             *target.borrow_mut() = now;
         },
-        || recover_in_place_of(&primary, &recovered, &archive, &target.borrow()),
+        |_| recover_in_place_of(&primary, &recovered, &archive, &target.borrow()),
     );
     run.assert_unique_and_issuing_again(ttl_and_a_renewal());
     assert_newcomer_waited_and_every_lease_is_back(&run, &mut recovered.connect());
