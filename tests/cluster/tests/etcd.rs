@@ -337,7 +337,11 @@ fn keys_wiped_and_written_back_from_an_earlier_copy_under_a_running_fleet_grant_
             etcd.etcdctl(&["del", "--prefix", "/snowid/"]);
             let copy = copy.borrow();
             let lines: Vec<&str> = copy.lines().collect();
-            assert_eq!(lines.len(), 14, "a's and f1's three keys, and the epoch: {copy}");
+            assert_eq!(
+                lines.len(),
+                14,
+                "a's and f1's three keys, and the epoch: {copy}"
+            );
             for pair in lines.chunks(2) {
                 etcd.etcdctl(&["put", pair[0], pair[1]]);
             }
@@ -382,11 +386,7 @@ fn keys_wiped_and_written_back_from_an_earlier_copy_under_a_running_fleet_grant_
 fn fleet_through_an_etcd_restore(name: &str, ttl_s: u64) -> LossRun {
     let dir = directory(name);
     let mut etcd = EtcdCluster::start(&dir, 3, None);
-    // An etcd in service has written more than the fleet's few keys (Patroni's, say): a restore
-    // shows when the snapshot's revision lies above the Raft index the restored members start at.
-    for key in 0..50 {
-        etcd.etcdctl(&["put", &format!("/service/{key}"), "value"]);
-    }
+    etcd.write_other_keys();
     let registry = registry(&etcd);
     let snapshot = dir.join("snapshot.db");
     let ttl = format!("snowid.lease_ttl = {ttl_s}");

@@ -6,6 +6,7 @@ use snowid_cluster_tests::ids::EPOCH_UNIX_MS;
 use snowid_cluster_tests::nemesis::checker::{check, documented_refusal, ClockChange, NodeLog};
 use snowid_cluster_tests::nemesis::clients::{Call, Outcome};
 use snowid_cluster_tests::nemesis::schedule::{plan, Channel, Fault, Registry};
+use std::collections::HashSet;
 use std::time::Duration;
 
 const THREE_MINUTES: Duration = Duration::from_secs(180);
@@ -45,6 +46,45 @@ fn a_seed_replays_its_schedule_and_another_seed_draws_another() {
     assert!(
         registry_faults.iter().all(|f| f.kind().starts_with("etcd")),
         "{registry_faults:?}"
+    );
+    // Each registry also loses what it recorded: a lease row deleted by hand, a snapshot restored.
+    let hour = Duration::from_secs(3600);
+    let kinds = |seed, registry| -> HashSet<&'static str> {
+        plan(seed, hour, registry)
+            .iter()
+            .filter(|f| f.channel == Channel::Registry)
+            .map(|f| f.fault.kind())
+            .collect()
+    };
+    assert!(kinds(4242, Registry::Postgres).contains("registry lease row deleted by hand"));
+    assert!(kinds(4243, Registry::Etcd).contains("etcd restored from a snapshot"));
+    // Seed 2038 strikes early, before the fleet has written much: in etcd a restore 2.4 s in, in a
+    // PostgreSQL registry a row deleted.
+    let at = |registry, wanted: fn(&Fault) -> bool| -> Vec<String> {
+        plan(2038, THREE_MINUTES, registry)
+            .iter()
+            .filter(|f| wanted(&f.fault))
+            .map(|f| format!("{:.1} s: {}", f.at.as_secs_f64(), f.fault))
+            .collect()
+    };
+    assert_eq!(
+        at(Registry::Etcd, |fault| *fault == Fault::EtcdSnapshotRestore)[..2],
+        [
+            "2.4 s: etcd restored from a snapshot",
+            "38.1 s: etcd restored from a snapshot"
+        ]
+    );
+    assert_eq!(
+        at(Registry::Postgres, |fault| matches!(
+            fault,
+            Fault::RegistryRowDeleted { .. }
+        )),
+        [
+            "2.4 s: lease row of worker id 3 deleted by hand",
+            "39.8 s: lease row of worker id 3 deleted by hand",
+            "86.3 s: lease row of worker id 1 deleted by hand",
+            "169.5 s: lease row of worker id 2 deleted by hand"
+        ]
     );
 }
 

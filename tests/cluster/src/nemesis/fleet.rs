@@ -264,6 +264,7 @@ fn start_etcd_registry(network: &mut Network, dir: &Path) -> (RegistryServers, V
         .map(|number| network.add_host(&format!("etcd-{number}"), 20 + number))
         .collect();
     let etcd = EtcdCluster::start_on_hosts(dir, &hosts, network.control_host());
+    etcd.write_other_keys();
     let setting = format!("etcd://{}/snowid-nemesis", etcd.endpoints());
     (
         RegistryServers::Etcd(Box::new(Mutex::new(etcd))),
@@ -306,6 +307,18 @@ impl PostgresRegistry {
                 self.servers[primary].become_standby_of(&self.servers[standby]);
                 return format!("{note}, then registry-{}", standby + 1);
             }
+            Fault::RegistryRowDeleted { worker_id } => {
+                let deleted = self.servers[primary].try_connect().and_then(|mut client| {
+                    client.execute(
+                        "DELETE FROM snowid.worker_lease WHERE worker_id = $1",
+                        &[&i32::from(worker_id)],
+                    )
+                });
+                return match deleted {
+                    Ok(rows) => format!("{note}, {rows} row deleted"),
+                    Err(error) => format!("{note}, nothing deleted: {error}"),
+                };
+            }
             other => unreachable!("{other} is not a PostgreSQL registry's fault"),
         }
         note
@@ -345,6 +358,17 @@ fn inflict_on_etcd(etcd: &Mutex<EtcdCluster>, fault: Fault, lasts: Duration) -> 
             std::thread::sleep(lasts);
             network::heal(&host(member));
             member
+        }
+        Fault::EtcdSnapshotRestore => {
+            let snapshot = etcd.dir().join("nemesis-snapshot.db");
+            etcd.save_snapshot(&snapshot);
+            std::thread::sleep(lasts);
+            etcd.restore_snapshot(&snapshot);
+            std::fs::remove_file(&snapshot).unwrap();
+            return format!(
+                "every member, from a snapshot {:.1} s old",
+                lasts.as_secs_f64()
+            );
         }
         other => unreachable!("{other} is not an etcd registry's fault"),
     };

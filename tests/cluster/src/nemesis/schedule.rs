@@ -104,6 +104,8 @@ pub enum Fault {
     /// SIGKILL of the registry's primary, its standby promoted at once, the old primary made the new
     /// one's standby after the fault.
     RegistryFailover,
+    /// The lease row of `worker_id` deleted by hand on the registry's primary.
+    RegistryRowDeleted { worker_id: u16 },
     /// SIGKILL of etcd's leader, started again after the fault.
     EtcdLeaderKill,
     /// SIGSTOP of etcd's leader.
@@ -112,6 +114,9 @@ pub enum Fault {
     EtcdFollowerKill,
     /// One etcd member's traffic to and from the other two dropped.
     EtcdMemberPartition { member: usize },
+    /// `etcdctl snapshot save`, then after the fault every member stopped and restored from it,
+    /// losing what came since.
+    EtcdSnapshotRestore,
 }
 
 impl Fault {
@@ -134,10 +139,12 @@ impl Fault {
             Fault::RegistryStandbyCrash => "registry standby crash",
             Fault::RegistryReplicationPartition => "registry primary cut off from standby",
             Fault::RegistryFailover => "registry failover",
+            Fault::RegistryRowDeleted { .. } => "registry lease row deleted by hand",
             Fault::EtcdLeaderKill => "etcd leader killed",
             Fault::EtcdLeaderPause => "etcd leader paused",
             Fault::EtcdFollowerKill => "etcd follower killed",
             Fault::EtcdMemberPartition { .. } => "etcd member cut off",
+            Fault::EtcdSnapshotRestore => "etcd restored from a snapshot",
         }
     }
 }
@@ -149,6 +156,9 @@ impl fmt::Display for Fault {
             Fault::ClockForward { ms } => write!(f, "clock forward {ms} ms"),
             Fault::EtcdMemberPartition { member } => {
                 write!(f, "etcd member e{} cut off", member + 1)
+            }
+            Fault::RegistryRowDeleted { worker_id } => {
+                write!(f, "lease row of worker id {worker_id} deleted by hand")
             }
             other => write!(f, "{}", other.kind()),
         }
@@ -235,22 +245,29 @@ fn draw(rng: &mut ChaCha8Rng, channel: Channel, registry: Registry) -> (Fault, D
         },
         Channel::NodeNetwork(_) => Fault::PartitionFromRegistry,
         Channel::Registry => match (registry, choice) {
-            (Registry::Postgres, 0..=19) => Fault::RegistryPrimaryCrash,
-            (Registry::Postgres, 20..=39) => Fault::RegistryPrimaryPause,
-            (Registry::Postgres, 40..=54) => Fault::RegistryStandbyCrash,
-            (Registry::Postgres, 55..=74) => Fault::RegistryReplicationPartition,
-            (Registry::Postgres, _) => Fault::RegistryFailover,
-            (Registry::Etcd, 0..=29) => Fault::EtcdLeaderKill,
-            (Registry::Etcd, 30..=54) => Fault::EtcdLeaderPause,
-            (Registry::Etcd, 55..=74) => Fault::EtcdFollowerKill,
-            (Registry::Etcd, _) => Fault::EtcdMemberPartition {
+            (Registry::Postgres, 0..=16) => Fault::RegistryPrimaryCrash,
+            (Registry::Postgres, 17..=33) => Fault::RegistryPrimaryPause,
+            (Registry::Postgres, 34..=46) => Fault::RegistryStandbyCrash,
+            (Registry::Postgres, 47..=63) => Fault::RegistryReplicationPartition,
+            (Registry::Postgres, 64..=84) => Fault::RegistryFailover,
+            (Registry::Postgres, _) => Fault::RegistryRowDeleted {
+                worker_id: rng.random_range(1..=3),
+            },
+            (Registry::Etcd, 0..=24) => Fault::EtcdLeaderKill,
+            (Registry::Etcd, 25..=45) => Fault::EtcdLeaderPause,
+            (Registry::Etcd, 46..=62) => Fault::EtcdFollowerKill,
+            (Registry::Etcd, 63..=84) => Fault::EtcdMemberPartition {
                 member: rng.random_range(0..3),
             },
+            (Registry::Etcd, _) => Fault::EtcdSnapshotRestore,
         },
     };
     let lasts = match fault {
-        // A restart is one action: nothing to undo.
-        Fault::ImmediateRestart | Fault::CleanRestart | Fault::KillLeaseWorker => Duration::ZERO,
+        // A restart or a deletion is one action: nothing to undo.
+        Fault::ImmediateRestart
+        | Fault::CleanRestart
+        | Fault::KillLeaseWorker
+        | Fault::RegistryRowDeleted { .. } => Duration::ZERO,
         _ => seconds(rng, 0.5, 12.0),
     };
     (fault, lasts)
