@@ -1612,6 +1612,52 @@ pub fn watch_conflict_refusals(
     assert!(seen_conflict);
 }
 
+/// Crashes `node` (`pg_ctl stop -m immediate`) right after its lease worker renewed, a second
+/// after a session began to issue, and starts it again: how long after the restarted server
+/// accepted connections it issued, refused meanwhile only while the lease of its run before runs
+/// out. Its first id is above every one issued before the crash. `window` is how long it may issue
+/// after a renewal (five sixths of `snowid.lease_ttl`).
+pub fn first_id_after_a_crash_restart(node: &Node, window: Duration) -> Duration {
+    let mut client = node.cluster.connect();
+    wait_every("a renewal", window, Duration::from_millis(10), || {
+        let left: f64 = query_value(
+            &mut client,
+            "SELECT lease_seconds_left FROM snowid_status()",
+        );
+        left > (window - Duration::from_millis(300)).as_secs_f64()
+    });
+    let issuing = Instant::now();
+    let mut before = vec![];
+    while issuing.elapsed() < Duration::from_secs(1) {
+        before.push(next_id(&mut client).expect("the node issues before the crash"));
+    }
+    drop(client);
+    node.cluster.stop("immediate");
+    node.cluster.start_again();
+    let accepting = Instant::now();
+    let mut client = node.cluster.connect();
+    let earlier_run = format!(
+        "under this server's own name, {}, by another run",
+        node.holder_name()
+    );
+    let (first, _) = next_id_once_issuing(
+        &mut client,
+        window + Duration::from_secs(10),
+        Duration::from_millis(10),
+        |refusal| refusal.contains(&earlier_run) || refusal.contains("is not acquired yet"),
+    );
+    let waited = accepting.elapsed();
+    assert!(
+        first > *before.iter().max().unwrap(),
+        "{first} after {before:?}"
+    );
+    println!(
+        "{}: the first id {waited:?} after the restarted server accepted connections",
+        node.name
+    );
+    waited
+}
+
 /// Calls `snowid_next()` every `pause` until it issues, for at most `limit`; each refusal on the way
 /// must be `allowed`. Returns the id and the refusals.
 pub fn next_id_once_issuing(

@@ -14,9 +14,10 @@ use snowid_cluster_tests::loss::{
 };
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    assert_fenced_off_then_taken, calls_during, distinct_ids, give_to_postgres, lease_worker_pid,
-    next_id, next_id_once_issuing, query_value, remove_unless_failed, signal, wait_every, wait_for,
-    wait_for_lease_state, watch_conflict_refusals, Node,
+    assert_fenced_off_then_taken, calls_during, distinct_ids, first_id_after_a_crash_restart,
+    give_to_postgres, lease_worker_pid, next_id, next_id_once_issuing, query_value,
+    remove_unless_failed, signal, wait_every, wait_for, wait_for_lease_state,
+    watch_conflict_refusals, Node,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -502,6 +503,20 @@ fn etcd_restored_from_a_snapshot_under_a_fleet_with_9_s_leases_grants_no_worker_
     let waited = run.newcomer_first_id_after();
     assert!(
         waited > Duration::from_secs(9) && waited < Duration::from_secs(14),
+        "{waited:?}"
+    );
+}
+
+#[test]
+fn a_crash_restart_waits_for_the_lease_of_its_run_before() {
+    // The default lease: a run cannot prove that no copy of the server issues under the lease of
+    // the run before it, so it waits for that lease to run out (see docs/operations.md).
+    let (_dir, _etcd, node) = etcd_with_node("crash-restart", 2, 30);
+    let waited = first_id_after_a_crash_restart(&node, Duration::from_secs(25));
+    // The lease runs 30 s from the renewal, read on the registry's clock, and the restarted
+    // server claims again every second.
+    assert!(
+        waited > Duration::from_secs(25) && waited < Duration::from_secs(32),
         "{waited:?}"
     );
 }

@@ -35,8 +35,9 @@ use snowid_cluster_tests::ids::{unix_ms, unix_ms_of, worker_of};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     assert_fenced_off_then_taken, calls_during, calls_every, calls_until_issuing, distinct_ids,
-    error_text, give_to_postgres, increasing_ids, query_pair, query_value, signal_all, wait_for,
-    wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node, NEW_REGISTRY,
+    error_text, first_id_after_a_crash_restart, give_to_postgres, increasing_ids, query_pair,
+    query_value, signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call,
+    Cluster, Node, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -171,6 +172,26 @@ fn lease_row(registry: &mut Client, worker_id: i32) -> LeaseRow {
         row.get(4),
         row.get(5),
     )
+}
+
+#[test]
+fn a_crash_restart_waits_for_the_lease_of_its_run_before() {
+    // The default lease: a run cannot prove that no copy of the server issues under the lease of
+    // the run before it, so it waits for that lease to run out (see docs/operations.md).
+    let registry = registry("crash-registry", &[]);
+    let conninfo = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres",
+        registry.port
+    );
+    let node = Node::start("crash-restart", Some(2), &conninfo, &[]);
+    wait_for_lease_state(&mut node.cluster.connect(), "held", Duration::from_secs(15));
+    let waited = first_id_after_a_crash_restart(&node, Duration::from_secs(25));
+    // The lease runs 30 s from the renewal, read on the registry's clock, and the restarted
+    // server claims again every second.
+    assert!(
+        waited > Duration::from_secs(25) && waited < Duration::from_secs(32),
+        "{waited:?}"
+    );
 }
 
 #[test]

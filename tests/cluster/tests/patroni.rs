@@ -20,7 +20,9 @@
 
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
 use snowid_cluster_tests::patroni::*;
-use snowid_cluster_tests::{assert_success, free_port, scenario_tests, signal, signal_all};
+use snowid_cluster_tests::{
+    assert_success, free_port, pg_config, scenario_tests, signal, signal_all,
+};
 use std::fs;
 use std::path::Path;
 use std::process::Command;
@@ -627,14 +629,15 @@ scenario_tests! { switch_back:
     etcd_switchovers_and_a_switch_back_after_a_crash: Mode::Etcd,
 }
 
-/// Asks `conninfo`'s server for ids every 100 ms for `watch`: it refuses every time, with a refusal
-/// that starts with `refused` from its lease worker's first claim on (before it, that the lease is
-/// not acquired yet); node1 meanwhile issues.
+/// Asks `conninfo`'s server for ids every 100 ms for `watch`: it never issues, and every answer is
+/// a refusal that starts with `refused` from its lease worker's first claim on (before it, that the
+/// lease is not acquired yet); node1 meanwhile issues. A connection that times out, as one does on
+/// a machine busy enough, gives no answer: it is counted, and issues nothing.
 fn refuses_throughout(conninfo: &str, refused: &str, watch: Duration, one: &Node, what: &str) {
     let not_yet = "ERROR:  55000: snowid refuses to issue ids: the lease on worker id 1 is not \
                    acquired yet";
     let until = Instant::now() + watch;
-    let (mut issued_by_one, mut claim_refused) = (0, false);
+    let (mut issued_by_one, mut claim_refused, mut unanswered) = (0, false, 0);
     while Instant::now() < until {
         let answer = psql(conninfo, "SELECT snowid_next()");
         let says = |text: &str| {
@@ -643,15 +646,37 @@ fn refuses_throughout(conninfo: &str, refused: &str, watch: Duration, one: &Node
                 .is_err_and(|error| error.lines().any(|line| line.starts_with(text)))
         };
         claim_refused |= says(refused);
+        let timed_out = answer.as_ref().is_err_and(|error| {
+            error.starts_with("psql: error: connection to server at ")
+                && error.ends_with("failed: timeout expired\n")
+        });
+        unanswered += usize::from(timed_out);
         assert!(
-            says(refused) || (!claim_refused && says(not_yet)),
+            says(refused) || (!claim_refused && says(not_yet)) || timed_out,
             "{what}: {answer:?}"
         );
         issued_by_one += usize::from(one.psql("SELECT snowid_next()").is_ok());
         std::thread::sleep(Duration::from_millis(100));
     }
+    println!("{what}: {unanswered} connections timed out");
     assert!(claim_refused, "{what}: never refused by the claim");
     assert!(issued_by_one > 0, "{what}: node1 issued");
+}
+
+/// A server that `pg_ctl` started from `data`, stopped (`-m immediate`) when dropped, so that a
+/// failed test leaves no server behind.
+struct StartedByPgCtl {
+    data: String,
+}
+
+impl Drop for StartedByPgCtl {
+    fn drop(&mut self) {
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(format!("{}/pg_ctl", pg_config("--bindir")))
+            .args(["-D", &self.data, "-m", "immediate", "-w", "stop"])
+            .output();
+    }
 }
 
 /// A `pg_basebackup` clone of the primary with its configuration, and a Patroni standby cluster of
@@ -704,6 +729,7 @@ fn copies_beside_the_live_primary(mode: Mode) {
     chown_tree(&clone_dir);
     let log = clone_dir.join("server.log").display().to_string();
     as_postgres("pg_ctl", &["-D", &clone_data, "-l", &log, "-w", "start"]);
+    let clone = StartedByPgCtl { data: clone_data };
     let clone_conninfo =
         format!("host=127.0.0.1 port={clone_port} user=postgres dbname=postgres connect_timeout=2");
     refuses_throughout(
@@ -713,10 +739,7 @@ fn copies_beside_the_live_primary(mode: Mode) {
         &cluster.one,
         &format!("{what}: the clone"),
     );
-    as_postgres(
-        "pg_ctl",
-        &["-D", &clone_data, "-m", "immediate", "-w", "stop"],
-    );
+    drop(clone);
 
     // The standby cluster: a Patroni cluster of its own in etcd (another namespace) following
     // node1, its node configured as node1 is; then promoted.
