@@ -3,12 +3,30 @@
 //! left, all through the gateway.
 
 use super::gateway::{decode, encode, Gateway, Reply};
-use super::history::{Epoch, Seen};
+use super::history::{Epoch, Recorded, Seen};
 use super::keys::{KeysRead, Slot, WORKER_IDS};
 use super::setting::Setting;
 use crate::registry::Failure;
 use serde_json::{json, Value};
 use std::time::Instant;
+
+/// `PREFIX/epoch` as a member read it.
+pub struct EpochRead {
+    pub recorded: Recorded,
+    /// The revision the key was last changed at; 0 for none.
+    pub mod_revision: i64,
+    /// The member that answered, and its revision then.
+    pub answered_by: String,
+    pub revision: i64,
+}
+
+/// A member's status.
+pub struct Status {
+    pub seen: Seen,
+    /// Its clock, Unix ms.
+    pub registry_ms: i64,
+    pub answered_by: String,
+}
 
 /// The registry, through the members that `snowid.registry` lists.
 pub struct Etcd {
@@ -17,6 +35,8 @@ pub struct Etcd {
     stop: fn() -> bool,
     /// Tells the server's log what an operator must know.
     pub(super) warn: fn(&str),
+    /// Whether the log was told that etcd refuses its status (see `Etcd::hold_back`).
+    pub(super) told_of_status: bool,
 }
 
 impl Etcd {
@@ -25,6 +45,7 @@ impl Etcd {
             gateway: Gateway::new(setting),
             stop,
             warn,
+            told_of_status: false,
         }
     }
 
@@ -117,21 +138,20 @@ impl Etcd {
         Ok(reply.body["succeeded"].as_bool() == Some(true))
     }
 
-    /// `PREFIX/epoch` as recorded, if it is, and the revision it was last changed at (0 for none).
-    pub(super) fn read_epoch(&mut self, budget: Instant) -> Result<(Option<Epoch>, i64), Failure> {
+    /// What `PREFIX/epoch` holds, as one member answered.
+    pub(super) fn read_epoch(&mut self, budget: Instant) -> Result<EpochRead, Failure> {
         let key = format!("{}/epoch", self.prefix());
         let reply = self.call("/v3/kv/range", json!({"key": encode(&key)}), budget)?;
-        let Some(kv) = reply.body["kvs"].get(0) else {
-            return Ok((None, 0));
+        let slot = match reply.body["kvs"].get(0) {
+            Some(kv) => slot_of(kv)?,
+            None => Slot::default(),
         };
-        let slot = slot_of(kv)?;
-        let text = slot.value.unwrap_or_default();
-        let epoch = Epoch::from_json(&text).ok_or_else(|| {
-            Failure::Error(format!(
-                "the etcd key {key} holds \"{text}\", not the epoch snowid records there"
-            ))
-        })?;
-        Ok((Some(epoch), slot.mod_revision))
+        Ok(EpochRead {
+            recorded: Recorded::read(slot.value.as_deref()),
+            mod_revision: slot.mod_revision,
+            answered_by: header_field(&reply, "member_id")?,
+            revision: int(&reply.body["header"]["revision"]),
+        })
     }
 
     /// Writes `epoch` if `PREFIX/epoch` is unchanged since `mod_revision`; false if it changed.
@@ -157,15 +177,12 @@ impl Etcd {
         Ok(reply.body["succeeded"].as_bool() == Some(true))
     }
 
-    /// The answering member's history as its status shows it, and its clock in Unix ms.
-    pub(super) fn status(&mut self, budget: Instant) -> Result<(Seen, i64), Failure> {
+    /// The answering member's history as its status shows it.
+    pub(super) fn status(&mut self, budget: Instant) -> Result<Status, Failure> {
         let reply = self.call("/v3/maintenance/status", json!({}), budget)?;
         let body = &reply.body;
         let seen = Seen {
-            cluster_id: body["header"]["cluster_id"]
-                .as_str()
-                .unwrap_or_default()
-                .into(),
+            cluster_id: header_field(&reply, "cluster_id")?,
             revision: int(&body["header"]["revision"]),
             // etcd before 3.4 shows only the committed index, which is never below it.
             applied_index: match int(&body["raftAppliedIndex"]) {
@@ -173,7 +190,16 @@ impl Etcd {
                 applied => applied,
             },
         };
-        Ok((seen, registry_clock(&reply)?))
+        if seen.revision <= 0 || seen.applied_index <= 0 {
+            return Err(Failure::Error(format!(
+                "etcd's status shows no revision or Raft index: {body}"
+            )));
+        }
+        Ok(Status {
+            seen,
+            registry_ms: registry_clock(&reply)?,
+            answered_by: header_field(&reply, "member_id")?,
+        })
     }
 
     /// Keeps the etcd lease `lease` alive: the seconds it has now, 0 or less when it ran out.
@@ -222,6 +248,14 @@ fn registry_clock(reply: &Reply) -> Result<i64, Failure> {
             "etcd answered with no Date header, which snowid reads etcd's clock from".into(),
         )
     })
+}
+
+/// A field of the reply's header that etcd always sends, such as `member_id`.
+fn header_field(reply: &Reply, name: &str) -> Result<String, Failure> {
+    reply.body["header"][name]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| Failure::Error(format!("etcd answered with no {name} in its header")))
 }
 
 /// A key as read; a value that is not text (written by hand) is an error, never an absent key.

@@ -22,9 +22,10 @@
 //! that holds the etcd lease puts its keys back at its next renewal; every other one is refused
 //! until the lease runs out.
 
+use super::calls::Status;
 use super::calls::{delete, int, put, Etcd};
-use super::gateway::{is_lease_taken, is_not_found};
-use super::history::{judge, Judgement};
+use super::gateway::{is_lease_taken, is_not_found, is_permission_denied};
+use super::history::{judge, new_epoch, Epoch, Judgement, Recorded, Seen};
 pub use super::keys::{lease_id, Held, Holder, Request};
 use super::keys::{new_mark, plan, KeysRead, Plan, WORKER_IDS};
 use crate::lease::{Answer, Granted, Verdict};
@@ -107,10 +108,24 @@ impl Etcd {
     ) -> Result<Option<Answer>, Failure> {
         let ttl_ms = request.ttl.as_millis() as i64;
         for _ in 0..ATTEMPTS {
-            // The epoch first: a member that shows it has applied the change that wrote it.
-            let (recorded, mod_revision) = self.read_epoch(budget)?;
-            let (seen, registry_ms) = self.status(budget)?;
-            match judge(recorded.as_ref(), &seen, registry_ms, ttl_ms) {
+            // The epoch first: the member whose status follows has applied the change that wrote it.
+            let read = self.read_epoch(budget)?;
+            let status = match self.status(budget) {
+                Ok(status) => status,
+                Err(failure) if is_permission_denied(&failure) => {
+                    self.status_refused(&failure);
+                    return Ok(None);
+                }
+                Err(failure) => return Err(failure),
+            };
+            if status.answered_by != read.answered_by {
+                // Another member answered (the first failed meanwhile): both again.
+                continue;
+            }
+            let Status {
+                seen, registry_ms, ..
+            } = status;
+            match judge(&read.recorded, &seen, registry_ms, ttl_ms) {
                 Judgement::Settled => return Ok(None),
                 Judgement::Unsettled { until_ms } => {
                     let own_word = request
@@ -122,32 +137,58 @@ impl Etcd {
                     }));
                 }
                 Judgement::Record(epoch) => {
-                    self.write_epoch(&epoch, mod_revision, budget)?;
+                    self.write_epoch(&epoch, read.mod_revision, budget)?;
                 }
-                Judgement::WentBack(epoch) => {
-                    if self.write_epoch(&epoch, mod_revision, budget)? {
-                        let why = match &recorded {
-                            Some(before) if before.cluster_id != seen.cluster_id => format!(
-                                "the etcd keys under {} were written by another etcd cluster ({}, this one is {}): a mirror promoted, or a restore with other flags",
-                                self.prefix(), before.cluster_id, seen.cluster_id
-                            ),
-                            _ => format!(
-                                "etcd's history went back (its applied Raft index is {}, its revision {}), as after a restore from a snapshot",
-                                seen.applied_index, seen.revision
-                            ),
-                        };
-                        (self.warn)(&format!(
-                            "{why}; the leases of servers that hold worker ids may be lost, so no worker id is granted anew for {} s, until every one of them has run out, but each holder keeps its own",
-                            (epoch.settles_at_ms - registry_ms + 999) / 1000
-                        ));
+                Judgement::WentBack => {
+                    // A revision read after the status, from the same member, for the new floor.
+                    let after = self.read_epoch(budget)?;
+                    if after.answered_by != read.answered_by
+                        || after.mod_revision != read.mod_revision
+                    {
+                        continue;
+                    }
+                    let epoch =
+                        new_epoch(&read.recorded, &seen, after.revision, registry_ms, ttl_ms);
+                    if self.write_epoch(&epoch, read.mod_revision, budget)? {
+                        self.warn_went_back(&read.recorded, &seen, &epoch, registry_ms);
                     }
                 }
             }
         }
         Err(Failure::Error(format!(
-            "the etcd key {}/epoch changed under each of {ATTEMPTS} reads in a row",
+            "the etcd key {}/epoch changed, or another member answered, under each of {ATTEMPTS} reads in a row",
             self.prefix()
         )))
+    }
+
+    fn warn_went_back(&self, recorded: &Recorded, seen: &Seen, epoch: &Epoch, registry_ms: i64) {
+        let prefix = self.prefix();
+        let why = match recorded {
+            Recorded::Epoch(before) if before.cluster_id != seen.cluster_id => format!(
+                "the etcd keys under {prefix} were written by another etcd cluster ({}, this one is {}): a mirror promoted, or a restore with other flags",
+                before.cluster_id, seen.cluster_id
+            ),
+            Recorded::Unreadable(text) => format!(
+                "the etcd key {prefix}/epoch holds \"{text}\", which snowid did not write: its keys may have been rewritten"
+            ),
+            _ => format!(
+                "etcd's history went back (its applied Raft index is {}, its revision {}), as after a restore from a snapshot",
+                seen.applied_index, seen.revision
+            ),
+        };
+        (self.warn)(&format!(
+            "{why}; the leases of servers that hold worker ids may be lost, so no worker id is granted anew for {} s, until every one of them has run out, but each holder keeps its own",
+            (epoch.settles_at_ms - registry_ms + 999) / 1000
+        ));
+    }
+
+    /// Once per run: the status that tells a restored etcd is refused to this user.
+    fn status_refused(&mut self, failure: &Failure) {
+        if !std::mem::replace(&mut self.told_of_status, true) {
+            (self.warn)(&format!(
+                "{failure}: a restore of etcd from a snapshot is not noticed while etcd refuses its status to this user (etcd 3.6, and 3.5 from 3.5.28, give it only to the root role)"
+            ));
+        }
     }
 
     fn claim_any(&mut self, first: &Request, budget: Instant) -> Result<Answer, Failure> {

@@ -279,6 +279,17 @@ const REFUSALS: [i64; 5] = [
     UNAUTHENTICATED,
 ];
 
+/// Whether etcd refused for want of permission.
+pub fn is_permission_denied(failure: &Failure) -> bool {
+    matches!(
+        failure,
+        Failure::Refused {
+            code: PERMISSION_DENIED,
+            ..
+        }
+    )
+}
+
 /// Whether etcd refused with "not found" (a lease that is gone).
 pub fn is_not_found(failure: &Failure) -> bool {
     matches!(

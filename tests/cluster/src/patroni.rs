@@ -458,6 +458,18 @@ impl Application {
         }));
     }
 
+    /// Whether a client received, after `since`, an id of the server on `port` stamped after
+    /// `stamped_after_ms` (Unix ms). Not only the first: a call answered just before a freeze
+    /// reaches its client after the thaw, with an id of before.
+    pub fn received_stamped_after(&self, port: u16, since: Instant, stamped_after_ms: i64) -> bool {
+        let seen = self.seen.lock().unwrap();
+        seen.ids.iter().any(|received| {
+            received.port == port
+                && received.at >= since
+                && crate::ids::unix_ms_of(received.id) > stamped_after_ms
+        })
+    }
+
     /// The first id the server on `port` issued that a client received after `since`.
     pub fn first_from(&self, port: u16, since: Instant) -> Option<Received> {
         let seen = self.seen.lock().unwrap();

@@ -331,11 +331,8 @@ fn thaw_before_patroni(
     let expected = cluster.shared.ids == WorkerIds::PerNode
         || cluster.shared.mode == Mode::LeaseTableOnTheNodes
         || lease_runs;
-    let issued_after_promotion = |port: u16| {
-        application
-            .first_from(port, thawed)
-            .is_some_and(|received| unix_ms_of(received.id) > promoted_unix_ms)
-    };
+    let issued_after_promotion =
+        |port: u16| application.received_stamped_after(port, thawed, promoted_unix_ms);
     let (one, two) = (cluster.one.port, cluster.two.port);
     let deadline = thawed + Duration::from_secs(15);
     while !(issued_after_promotion(one) || (!expected && issued_after_promotion(two))) {
