@@ -1647,10 +1647,8 @@ pub fn first_id_after_a_crash_restart(node: &Node, window: Duration) -> Duration
         |refusal| refusal.contains(&earlier_run) || refusal.contains("is not acquired yet"),
     );
     let waited = accepting.elapsed();
-    assert!(
-        first > *before.iter().max().unwrap(),
-        "{first} after {before:?}"
-    );
+    let highest_before = *before.iter().max().unwrap();
+    assert!(first > highest_before, "{first} after {highest_before}");
     println!(
         "{}: the first id {waited:?} after the restarted server accepted connections",
         node.name
