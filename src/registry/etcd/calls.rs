@@ -115,21 +115,36 @@ impl Etcd {
         ops: Vec<Value>,
         budget: Instant,
     ) -> Result<bool, Failure> {
-        let compare: Vec<Value> = [
+        let read: Vec<(String, i64)> = [
             ("workers", &snapshot.worker),
             ("holders", &snapshot.holding),
             ("marks", &snapshot.mark),
         ]
         .iter()
-        .map(|(kind, slot)| {
-            json!({
-                "key": encode(&self.key(kind, worker_id)),
-                "target": "MOD",
-                "result": "EQUAL",
-                "mod_revision": slot.mod_revision.to_string(),
-            })
-        })
+        .map(|(kind, slot)| (self.key(kind, worker_id), slot.mod_revision))
         .collect();
+        self.apply_if_unchanged(&read, ops, budget)
+    }
+
+    /// Applies `ops` in one transaction if each key of `read` was last changed at its revision (0:
+    /// does not exist); false if one changed.
+    fn apply_if_unchanged(
+        &mut self,
+        read: &[(String, i64)],
+        ops: Vec<Value>,
+        budget: Instant,
+    ) -> Result<bool, Failure> {
+        let compare: Vec<Value> = read
+            .iter()
+            .map(|(key, mod_revision)| {
+                json!({
+                    "key": encode(key),
+                    "target": "MOD",
+                    "result": "EQUAL",
+                    "mod_revision": mod_revision.to_string(),
+                })
+            })
+            .collect();
         let reply = self.call(
             "/v3/kv/txn",
             json!({"compare": compare, "success": ops}),
@@ -162,19 +177,8 @@ impl Etcd {
         budget: Instant,
     ) -> Result<bool, Failure> {
         let key = format!("{}/epoch", self.prefix());
-        let compare = json!({
-            "key": encode(&key),
-            "target": "MOD",
-            "result": "EQUAL",
-            "mod_revision": mod_revision.to_string(),
-        });
         let ops = vec![put(&key, &epoch.to_json(), 0)];
-        let reply = self.call(
-            "/v3/kv/txn",
-            json!({"compare": [compare], "success": ops}),
-            budget,
-        )?;
-        Ok(reply.body["succeeded"].as_bool() == Some(true))
+        self.apply_if_unchanged(&[(key, mod_revision)], ops, budget)
     }
 
     /// The answering member's history as its status shows it.
