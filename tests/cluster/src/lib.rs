@@ -1612,12 +1612,15 @@ pub fn watch_conflict_refusals(
     assert!(seen_conflict);
 }
 
-/// Crashes `node` (`pg_ctl stop -m immediate`) right after its lease worker renewed, a second
-/// after a session began to issue, and starts it again: how long after the restarted server
-/// accepted connections it issued, refused meanwhile only while the lease of its run before runs
-/// out. Its first id is above every one issued before the crash. `window` is how long it may issue
-/// after a renewal (five sixths of `snowid.lease_ttl`).
-pub fn first_id_after_a_crash_restart(node: &Node, window: Duration) -> Duration {
+/// Crashes `node` (`pg_ctl stop -m immediate`), whose registry is shared (PostgreSQL or etcd) and
+/// its lease the default 30 s, right after its lease worker renewed, a second after a session began
+/// to issue, and starts it again: it is refused until the lease of its run before runs out (a run
+/// cannot prove that no copy of the server issues under it; see docs/operations.md), then issues
+/// above every id issued before the crash. Returns how long after the restarted server accepted
+/// connections it issued.
+pub fn assert_a_crash_restart_waits_for_the_lease_of_its_run_before(node: &Node) -> Duration {
+    // How long it may issue after a renewal: five sixths of the lease.
+    let window = Duration::from_secs(25);
     let mut client = node.cluster.connect();
     wait_every("a renewal", window, Duration::from_millis(10), || {
         let left: f64 = query_value(
@@ -1652,6 +1655,12 @@ pub fn first_id_after_a_crash_restart(node: &Node, window: Duration) -> Duration
     println!(
         "{}: the first id {waited:?} after the restarted server accepted connections",
         node.name
+    );
+    // The lease runs 30 s from the renewal, read on the registry's clock, and the restarted
+    // server claims again every second.
+    assert!(
+        waited > Duration::from_secs(25) && waited < Duration::from_secs(32),
+        "{waited:?}"
     );
     waited
 }

@@ -6,7 +6,9 @@
 //! beside other tests (nextest's profiles leave it out): it removes the files they use.
 
 use postgres::Client;
-use snowid_cluster_tests::{as_root_command, pg_config, Cluster, NEW_REGISTRY};
+use snowid_cluster_tests::{
+    as_root_command, pg_config, query_pair, query_value, Cluster, NEW_REGISTRY,
+};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -162,11 +164,7 @@ fn unconfigure(cluster: &Cluster, steps: &Steps) {
         Vec::<String>::new()
     );
     cluster.restart();
-    let preloaded: String = cluster
-        .connect()
-        .query_one("SHOW shared_preload_libraries", &[])
-        .unwrap()
-        .get(0);
+    let preloaded: String = query_value(&mut cluster.connect(), "SHOW shared_preload_libraries");
     assert_eq!(preloaded, "");
 }
 
@@ -187,13 +185,10 @@ fn assert_intact(cluster: &Cluster, before: &[i64]) {
     let mut app = cluster.connect_to("app");
     assert_eq!(ids(&mut app), before);
     app.batch_execute("SET ROLE clerk").unwrap();
-    let next: i64 = app
-        .query_one(
-            "INSERT INTO orders (item) VALUES ('after') RETURNING id",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let next: i64 = query_value(
+        &mut app,
+        "INSERT INTO orders (item) VALUES ('after') RETURNING id",
+    );
     assert_eq!(next, before.last().unwrap() + 1);
 }
 
@@ -285,14 +280,11 @@ fn following_the_uninstall_steps_leaves_servers_that_start_with_every_row_and_no
     unconfigure(&alone, &steps);
     unconfigure(&node, &steps);
     // The node's shutdown released its lease on the registry.
-    let row = registry
-        .connect()
-        .query_one(
-            "SELECT holder IS NULL, released_by IS NOT NULL FROM snowid.worker_lease WHERE worker_id = 4",
-            &[],
-        )
-        .unwrap();
-    assert_eq!((row.get::<_, bool>(0), row.get::<_, bool>(1)), (true, true));
+    let released: (bool, bool) = query_pair(
+        &mut registry.connect(),
+        "SELECT holder IS NULL, released_by IS NOT NULL FROM snowid.worker_lease WHERE worker_id = 4",
+    );
+    assert_eq!(released, (true, true));
     // The registry, once no server uses it any more.
     registry
         .connect()
