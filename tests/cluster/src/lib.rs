@@ -205,9 +205,11 @@ impl Cluster {
         // A test host's only interfaces are its own: every address is its address, and a copy of
         // the settings serves on another host as well.
         let listen = on_host.map_or("127.0.0.1", |_| "*");
+        // Dynamic shared memory in the data directory, which the test removes: in /dev/shm, a
+        // server stopped with -m immediate would leave its segments behind for good.
         let mut conf = format!(
             "port = {port}\nlisten_addresses = '{listen}'\nunix_socket_directories = '{}'\n\
-             fsync = off\nlogging_collector = off\n",
+             fsync = off\nlogging_collector = off\ndynamic_shared_memory_type = mmap\n",
             cluster.dir.display()
         );
         if on_host.is_some() {

@@ -169,7 +169,11 @@ impl Node {
             timing.ttl, timing.loop_wait, timing.retry_timeout
         );
         // The tests' servers need not survive a crash of the machine.
-        let parameters = format!("{}\n    fsync: 'off'", fragment(shared, number));
+        // Dynamic shared memory in the data directory, as the other tests' servers have it.
+        let parameters = format!(
+            "{}\n    fsync: 'off'\n    dynamic_shared_memory_type: mmap",
+            fragment(shared, number)
+        );
         let template =
             fs::read_to_string(Path::new(CONTRIB).join("../../scripts/patroni-node.yml")).unwrap();
         let config = [
