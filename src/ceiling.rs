@@ -1,27 +1,39 @@
-//! The ceiling: a durable record, in the data directory, of a millisecond that every id this server
-//! issued under a worker id is below.
+//! The ceiling: a record of a millisecond that every id this server issued under a worker id is
+//! below.
 //!
 //! The lease's reservation in the registry runs a whole time-to-live ahead of the clock, so a server
 //! restarted after a crash that started above it would wait up to that long. The lease worker keeps
-//! a second bound, the ceiling, at most `Timing::ceiling_lead` ahead of the clock: it writes the file
-//! (and makes it durable) before it lets ids through below the new value. A restarted server that
-//! finds its own ceiling, for the worker id it held last, starts above the ceiling instead of the
-//! reservation.
+//! a second bound, the ceiling, at most `CEILING_LEAD` ahead of the clock (with a shared registry,
+//! at the reservation while the worker waits for the answer to a claim): it writes the file before
+//! it lets ids through below the new value. A restarted server that finds its own ceiling, for the
+//! worker id it held last, starts above the ceiling instead of the reservation where nothing else
+//! can have issued under the worker id since.
 //!
-//! The file names the holder that wrote it and the WAL timeline it wrote it on. A copy of the data
+//! With the lease table on the server, the file is in the data directory, made durable, and a
+//! restart starts above it whenever the row shows that the server held the worker id already. The
+//! file names the holder that wrote it and the WAL timeline it wrote it on. A copy of the data
 //! directory is another holder (see `claimant::Claimant`), so a copy never takes the original's
 //! ceiling for its own; and a server trusts its own ceiling only on the timeline it wrote it on.
 //! `pg_rewind` copies the leader's file over the node's own, and where the leader never wrote one
 //! that is the copy of this node's file that the leader's base backup took: named for this node,
 //! but old, and written on a timeline before the leader's promotion, which the rewound node follows.
+//!
+//! With a shared registry or etcd, the file is in memory that lasts as long as the machine's boot
+//! (`/dev/shm`), with the lease held beside it: the next run of the server on this boot carries that
+//! lease on (see [`Ceiling::lease_to_carry_on`]). A restart of the machine empties it, and a copy of
+//! the data directory, or one put back from a snapshot, never has it.
 
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const FILE_NAME: &str = "snowid.ceiling";
+/// Where a ceiling kept in memory for the boot of the machine lives.
+const MEMORY_DIRECTORY: &str = "/dev/shm";
 // Version 1 (snowid 0.6.0 and earlier) had no timeline: such a file is not read.
 const HEADER: &str = "snowid ceiling 2";
+/// The header of a file with the lease held.
+const HEADER_WITH_LEASE: &str = "snowid ceiling 3";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ceiling {
@@ -31,12 +43,47 @@ pub struct Ceiling {
     pub worker_id: u16,
     /// Milliseconds since the snowid epoch; every id issued is below.
     pub below_ms: u64,
+    /// The lease held when the file was written, kept with a shared registry or etcd.
+    pub lease: Option<RunLease>,
+}
+
+/// The lease a run of the server held, as it wrote it beside its ceiling: what the next run needs
+/// to carry it on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunLease {
+    /// The run (see `claimant::Claimant::incarnation`).
+    pub incarnation: u64,
+    /// When the run took the lease, as the registry said (see `lease::Granted::tenure`).
+    pub tenure: i64,
+    /// The lease's high-water mark as the registry last answered the run: the mark the registry
+    /// holds, unless the lease was claimed since, which raised it.
+    pub mark_ms: u64,
+}
+
+/// The ceiling file of the server in `data_directory`, with the lease table on the server.
+pub fn in_data_directory(data_directory: &Path) -> PathBuf {
+    data_directory.join(FILE_NAME)
+}
+
+/// The ceiling file of `holder` (see `claimant::Claimant::holder`), with a shared registry or etcd.
+pub fn in_memory(holder: &str) -> PathBuf {
+    Path::new(MEMORY_DIRECTORY).join(format!("snowid-{holder}.ceiling"))
 }
 
 impl Ceiling {
     fn to_text(&self) -> String {
+        let (header, lease) = self
+            .lease
+            .as_ref()
+            .map_or((HEADER, String::new()), |lease| {
+                let line = format!(
+                    "lease incarnation {:016x} tenure {} mark_ms {}\n",
+                    lease.incarnation, lease.tenure, lease.mark_ms
+                );
+                (HEADER_WITH_LEASE, line)
+            });
         format!(
-            "{HEADER}\nholder {}\ntimeline {}\nworker_id {}\nbelow_ms {}\n",
+            "{header}\nholder {}\ntimeline {}\nworker_id {}\nbelow_ms {}\n{lease}",
             self.holder, self.timeline, self.worker_id, self.below_ms
         )
     }
@@ -45,33 +92,76 @@ impl Ceiling {
     fn from_text(text: &str) -> Option<Ceiling> {
         // A file cut short ends without its last newline.
         let mut lines = text.strip_suffix('\n')?.split('\n');
-        (lines.next()? == HEADER).then_some(())?;
+        let with_lease = match lines.next()? {
+            HEADER => false,
+            HEADER_WITH_LEASE => true,
+            _ => return None,
+        };
         let holder = lines.next()?.strip_prefix("holder ")?.to_string();
         let timeline = lines.next()?.strip_prefix("timeline ")?.parse().ok()?;
         let worker_id = lines.next()?.strip_prefix("worker_id ")?.parse().ok()?;
         let below_ms = lines.next()?.strip_prefix("below_ms ")?.parse().ok()?;
+        let lease = match with_lease {
+            true => Some(RunLease::from_line(lines.next()?)?),
+            false => None,
+        };
         lines.next().is_none().then_some(Ceiling {
             holder,
             timeline,
             worker_id,
             below_ms,
+            lease,
         })
     }
 
-    /// The ceiling recorded in `data_directory`, if there is a readable one.
-    pub fn read(data_directory: &Path) -> Option<Ceiling> {
-        let text = fs::read_to_string(data_directory.join(FILE_NAME)).ok()?;
-        Ceiling::from_text(&text)
+    /// The lease this file records, for the run of the server that reads it to carry on: only a
+    /// lease of this server (`holder`), on the timeline it runs on, of an earlier run
+    /// (`incarnation`). Read from memory that lasts as long as the machine's boot: on one boot,
+    /// PostgreSQL starts no server on a data directory while a process of its earlier run lives
+    /// (that run's shared memory would still be attached), so that run issues no more, and every
+    /// id it issued is below the ceiling it kept there.
+    pub fn lease_to_carry_on(
+        &self,
+        holder: &str,
+        timeline: u32,
+        incarnation: u64,
+    ) -> Option<&RunLease> {
+        self.lease.as_ref().filter(|lease| {
+            self.holder == holder && self.timeline == timeline && lease.incarnation != incarnation
+        })
     }
 
-    /// Replaces the file atomically and durably: a crash leaves the old ceiling or the new one.
-    pub fn write(&self, data_directory: &Path) -> std::io::Result<()> {
-        let temporary: PathBuf = data_directory.join(format!("{FILE_NAME}.tmp"));
+    /// The ceiling recorded in the file at `path`, if there is a readable one.
+    pub fn read(path: &Path) -> Option<Ceiling> {
+        Ceiling::from_text(&fs::read_to_string(path).ok()?)
+    }
+
+    /// Replaces the file at `path` atomically and durably: a crash leaves the old ceiling or the
+    /// new one.
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(".tmp");
         let mut file = File::create(&temporary)?;
         file.write_all(self.to_text().as_bytes())?;
         file.sync_all()?;
-        fs::rename(&temporary, data_directory.join(FILE_NAME))?;
-        File::open(data_directory)?.sync_all()
+        fs::rename(&temporary, path)?;
+        File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+    }
+}
+
+impl RunLease {
+    fn from_line(line: &str) -> Option<RunLease> {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let ["lease", "incarnation", incarnation, "tenure", tenure, "mark_ms", mark_ms] =
+            fields[..]
+        else {
+            return None;
+        };
+        Some(RunLease {
+            incarnation: u64::from_str_radix(incarnation, 16).ok()?,
+            tenure: tenure.parse().ok()?,
+            mark_ms: mark_ms.parse().ok()?,
+        })
     }
 }
 
@@ -79,7 +169,7 @@ impl Ceiling {
 /// the snowid epoch), the ceiling recorded (`ceiling_ms`), and the floor of a grant just applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
-    /// How far ahead of the clock a new ceiling goes (`Timing::ceiling_lead`).
+    /// How far ahead of the clock a new ceiling goes (`CEILING_LEAD`).
     pub lead_ms: u64,
     /// How close the clock may come to the ceiling before it is raised again.
     pub refresh_below_ms: u64,
@@ -105,6 +195,14 @@ impl Policy {
                 .max(next_free_ms)
                 .max(ceiling_ms),
         )
+    }
+
+    /// Where a ceiling further ahead than it needs to be (one that covered a claim now answered)
+    /// comes back to: a lead ahead of the clock, never below the ids already issued
+    /// (`next_free_ms`); `None` when that would lower it by less than the refresh distance.
+    pub fn lower_to(&self, now_ms: u64, ceiling_ms: u64, next_free_ms: u64) -> Option<u64> {
+        let lower = (now_ms + self.lead_ms).max(next_free_ms);
+        (lower + self.refresh_below_ms < ceiling_ms).then_some(lower)
     }
 }
 
@@ -146,6 +244,18 @@ mod tests {
     }
 
     #[test]
+    fn a_ceiling_raised_for_a_claim_comes_back_once_it_is_answered() {
+        // Raised to a reservation 11 s ahead for a claim answered 5 ms later: a lead ahead of the
+        // clock again.
+        assert_eq!(POLICY.lower_to(10_005, 21_000, 10_006), Some(11_005));
+        // Never below the ids issued, nor for less than the refresh distance.
+        assert_eq!(POLICY.lower_to(10_005, 21_000, 15_000), Some(15_000));
+        assert_eq!(POLICY.lower_to(10_005, 21_000, 20_500), None);
+        assert_eq!(POLICY.lower_to(10_000, 11_500, 0), None);
+        assert_eq!(POLICY.lower_to(10_000, 11_501, 0), Some(11_000));
+    }
+
+    #[test]
     fn a_ceiling_not_recorded_is_a_bound_until_a_write_succeeds() {
         assert_eq!(gate_bounds(30_000, 11_000, true), (11_000, 30_000));
         assert_eq!(gate_bounds(30_000, 11_000, false), (11_000, 11_000));
@@ -158,6 +268,18 @@ mod tests {
             timeline: 3,
             worker_id: 5,
             below_ms: 28_728_000_123,
+            lease: None,
+        }
+    }
+
+    fn with_lease() -> Ceiling {
+        Ceiling {
+            lease: Some(RunLease {
+                incarnation: 0x00c0ffee,
+                tenure: 1_795_953_600_000_123,
+                mark_ms: 28_728_029_000,
+            }),
+            ..ceiling()
         }
     }
 
@@ -169,15 +291,54 @@ mod tests {
             "snowid ceiling 2\nholder 7312345678901234567-00ff00ff00ff00ff\ntimeline 3\nworker_id 5\nbelow_ms 28728000123\n"
         );
         assert_eq!(Ceiling::from_text(&text), Some(ceiling()));
+        let text = with_lease().to_text();
+        assert_eq!(
+            text,
+            "snowid ceiling 3\nholder 7312345678901234567-00ff00ff00ff00ff\ntimeline 3\nworker_id 5\nbelow_ms 28728000123\nlease incarnation 0000000000c0ffee tenure 1795953600000123 mark_ms 28728029000\n"
+        );
+        assert_eq!(Ceiling::from_text(&text), Some(with_lease()));
+    }
+
+    #[test]
+    fn only_an_earlier_run_of_this_server_on_its_timeline_carries_on_its_lease() {
+        let holder = "7312345678901234567-00ff00ff00ff00ff";
+        let recorded = with_lease();
+        assert_eq!(
+            recorded.lease_to_carry_on(holder, 3, 0xbeef),
+            recorded.lease.as_ref()
+        );
+        // This very run, which wrote it.
+        assert_eq!(recorded.lease_to_carry_on(holder, 3, 0x00c0ffee), None);
+        // Another server's file, or one written on another timeline.
+        assert_eq!(
+            recorded.lease_to_carry_on("7312345678901234567-11ff00ff00ff00ff", 3, 0xbeef),
+            None
+        );
+        assert_eq!(recorded.lease_to_carry_on(holder, 4, 0xbeef), None);
+        assert_eq!(ceiling().lease_to_carry_on(holder, 3, 0xbeef), None);
     }
 
     #[test]
     fn anything_else_is_no_ceiling() {
-        let text = ceiling().to_text();
+        for text in [ceiling().to_text(), with_lease().to_text()] {
+            assert_eq!(Ceiling::from_text(&text[..text.len() - 5]), None);
+            assert_eq!(Ceiling::from_text(&text.replace("5\n", "1024x\n")), None);
+            assert_eq!(Ceiling::from_text(&format!("{text}more\n")), None);
+        }
         assert_eq!(Ceiling::from_text(""), None);
-        assert_eq!(Ceiling::from_text(&text[..text.len() - 5]), None);
+        let text = with_lease().to_text();
         assert_eq!(
-            Ceiling::from_text(&text.replace("ceiling 2", "ceiling 3")),
+            Ceiling::from_text(&text.replace("ceiling 3", "ceiling 4")),
+            None
+        );
+        assert_eq!(Ceiling::from_text(&text.replace("tenure", "tenured")), None);
+        // A lease line under the header of a file without one, and the other way round.
+        assert_eq!(
+            Ceiling::from_text(&text.replace("ceiling 3", "ceiling 2")),
+            None
+        );
+        assert_eq!(
+            Ceiling::from_text(&ceiling().to_text().replace("ceiling 2", "ceiling 3")),
             None
         );
         // As snowid 0.6.0 wrote it, with no timeline.
@@ -187,23 +348,30 @@ mod tests {
             ),
             None
         );
-        assert_eq!(Ceiling::from_text(&text.replace("5\n", "1024x\n")), None);
-        assert_eq!(Ceiling::from_text(&format!("{text}more\n")), None);
     }
 
     #[test]
     fn written_files_read_back() {
         let directory = std::env::temp_dir().join(format!("snowid-ceiling-{}", std::process::id()));
         fs::create_dir_all(&directory).unwrap();
-        assert_eq!(Ceiling::read(&directory), None);
-        ceiling().write(&directory).unwrap();
+        let path = in_data_directory(&directory);
+        assert_eq!(Ceiling::read(&path), None);
+        ceiling().write(&path).unwrap();
         let later = Ceiling {
             below_ms: 28_728_001_000,
-            ..ceiling()
+            ..with_lease()
         };
-        later.write(&directory).unwrap();
-        assert_eq!(Ceiling::read(&directory), Some(later));
+        later.write(&path).unwrap();
+        assert_eq!(Ceiling::read(&path), Some(later));
         assert!(!directory.join("snowid.ceiling.tmp").exists());
         fs::remove_dir_all(&directory).unwrap();
+    }
+
+    #[test]
+    fn a_ceiling_in_memory_is_named_for_its_holder() {
+        assert_eq!(
+            in_memory("7312345678901234567-00ff00ff00ff00ff"),
+            Path::new("/dev/shm/snowid-7312345678901234567-00ff00ff00ff00ff.ceiling")
+        );
     }
 }

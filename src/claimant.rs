@@ -9,7 +9,8 @@ pub struct Claimant {
     /// The same for every run of this server, different for any other server or copy of it: the
     /// system identifier, and a hash of what tells the data directory from every copy of it.
     pub holder: String,
-    /// Different for every run of this server (every setup of its shared memory).
+    /// Different for every run of this server (every setup of its shared memory), unless a run
+    /// carries on the lease of the run before on the same boot of the machine.
     pub incarnation: String,
     /// For people reading the lease table and refusals: `cluster_name@host:port`, or `host:port`
     /// without a cluster_name. The host name tells apart the nodes of a failover manager, which
@@ -46,6 +47,12 @@ impl Claimant {
     /// Claims as a new run of this server from now on (see `shmem::new_incarnation`).
     pub fn become_a_new_run(&mut self) {
         self.incarnation = incarnation_text(shmem::new_incarnation());
+    }
+
+    /// Claims as the run `incarnation` from now on: the run before this one, whose lease this run
+    /// carries on (see `ceiling::Ceiling::lease_to_carry_on`).
+    pub fn carry_on(&mut self, incarnation: u64) {
+        self.incarnation = incarnation_text(incarnation);
     }
 }
 

@@ -2,7 +2,7 @@
 //! configuration (postgresql.conf or ALTER SYSTEM), never with `SET`.
 
 use crate::layout::MAX_WORKER_ID;
-use crate::lease::{Timing, CEILING_LEAD};
+use crate::lease::Timing;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
 use std::time::Duration;
@@ -106,7 +106,6 @@ pub fn max_clock_backward_ms() -> u64 {
 pub fn lease_timing() -> Timing {
     Timing {
         ttl: Duration::from_secs(LEASE_TTL_S.get().unsigned_abs().into()),
-        ceiling_lead: registry().is_none().then_some(CEILING_LEAD),
     }
 }
 

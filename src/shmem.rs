@@ -80,6 +80,7 @@ pub fn new_incarnation() -> u64 {
     update_lease_status(|status| {
         status.incarnation = incarnation;
         status.known_mark_ms = 0;
+        status.carried = None;
     });
     incarnation
 }

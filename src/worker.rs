@@ -12,11 +12,13 @@
 //! gate stays open until the lease's deadline, and the postmaster starts a new worker at once, which
 //! renews the same lease. Only a server shutdown releases it.
 
-use crate::ceiling::{self, Ceiling};
+use crate::ceiling::{self, Ceiling, RunLease};
 use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
 use crate::generator::{Grant, IssuingState};
-use crate::lease::{self, Answer, Granted, State, Text, Timing, Verdict};
+use crate::lease::{
+    self, Answer, Carried, Granted, OwnPast, State, Text, Timing, Verdict, CEILING_LEAD,
+};
 use crate::registry::{ClaimRequest, Held, Registry, Release};
 use crate::signals::{self, sleep_unless_stopped};
 use crate::{gucs, layout, server, shmem};
@@ -24,7 +26,7 @@ use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Registers the worker with the postmaster, when there is a worker id to lease and the server is
@@ -48,9 +50,12 @@ pub fn register() {
 /// The lease this worker holds, as far as the gate goes.
 struct Holding {
     worker_id: u16,
+    /// When this run, or the run before whose lease it carries on, took the lease.
+    tenure: i64,
     reserved_until_ms: u64,
     deadline_ns: u64,
-    /// The ceiling last recorded durably (0: none); never lowered while the lease is held.
+    /// The ceiling last recorded durably (0: none); lowered only once the gate lets nothing
+    /// through above the lower value.
     ceiling_ms: u64,
 }
 
@@ -67,15 +72,17 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         return stop(state, None);
     };
     let configured = gucs::worker_id();
-    let data_directory = PathBuf::from(server::server_identity().data_directory);
+    // With a shared registry or etcd, in memory for the boot of the machine (see `ceiling`).
+    let ceiling_file = match registry.is_local() {
+        true => ceiling::in_data_directory(Path::new(&server::server_identity().data_directory)),
+        false => ceiling::in_memory(&me.holder),
+    };
     let timing = gucs::lease_timing();
     let mut worker = LeaseWorker {
         state,
         timing,
-        // The ceiling serves only the lease table on this server (see `Timing::ceiling_lead`).
-        recorded: Ceiling::read(&data_directory)
-            .filter(|ceiling| ceiling.holder == me.holder && timing.ceiling_lead.is_some()),
-        data_directory,
+        recorded: Ceiling::read(&ceiling_file).filter(|ceiling| ceiling.holder == me.holder),
+        ceiling_file,
         me,
         registry,
         configured,
@@ -103,6 +110,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     }
     // Promoted: a holder of the worker id shows in the lease's state from now on.
     shmem::update_lease_status(|status| status.worker_id_held_by = Text::default());
+    worker.carry_on_the_lease_of_the_run_before();
     let mut next_claim_ns = 0;
     loop {
         if SystemClock.monotonic_ns() >= next_claim_ns {
@@ -110,8 +118,8 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
             next_claim_ns = sent_ns + worker.claim(sent_ns).as_nanos() as u64;
         }
         let mut pause_ns = next_claim_ns.saturating_sub(SystemClock.monotonic_ns());
-        if let Some(check_every) = worker.keep_ceiling() {
-            pause_ns = pause_ns.min(check_every.as_nanos() as u64);
+        if worker.keep_ceiling(None) {
+            pause_ns = pause_ns.min(Timing::ceiling_check_every().as_nanos() as u64);
         }
         let pause = Duration::from_nanos(pause_ns);
         let paused = Instant::now();
@@ -159,10 +167,7 @@ impl Slowness {
             "snowid lease worker is held up: {}, more than {} ms; calls to snowid_next() {}",
             what(took.as_millis()),
             timing.slow_after().as_millis(),
-            match timing.ceiling_lead {
-                Some(_) => format!("wait while the ceiling is not moved on, and {refused_after}"),
-                None => refused_after,
-            }
+            format_args!("wait while the ceiling is not moved on, and {refused_after}")
         );
     }
 }
@@ -173,9 +178,9 @@ struct LeaseWorker {
     timing: Timing,
     me: Claimant,
     registry: Registry,
-    data_directory: PathBuf,
-    /// This server's ceiling as last recorded, by this run or an earlier one: a new ceiling for the
-    /// same worker id never goes below it.
+    /// Where the ceiling is kept (see `ceiling`).
+    ceiling_file: PathBuf,
+    /// This server's ceiling as last recorded, by this run or an earlier one.
     recorded: Option<Ceiling>,
     configured: Option<u16>,
     /// The worker id to claim: the configured one, or the one last granted; `None` picks any.
@@ -258,17 +263,21 @@ impl LeaseWorker {
 
     /// Claims the lease, acts on the answer, and says when to claim again.
     fn claim(&mut self, sent_ns: u64) -> Duration {
-        let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
-        let reserve_until_ms = now_ms + self.timing.ttl.as_millis() as u64;
+        let reserve_until_ms = now_ms() + self.timing.ttl.as_millis() as u64;
         // Known from now on, whether the answer comes or not; shown only for the worker id of a
-        // grant this run applied, the one a copy of its memory could have renewed.
+        // grant this run applied, or of the lease it carries on: the one a copy of its memory could
+        // have renewed.
         let claiming = self.claiming;
         let known_mark_ms = shmem::update_lease_status(|status| {
             let known = status.known_mark_ms;
             status.known_mark_ms = known.max(reserve_until_ms);
-            let applied = status.applied_tenure.is_some() && status.worker_id == claiming;
+            let applied = (status.applied_tenure.is_some() || status.carried.is_some())
+                && status.worker_id == claiming;
             applied.then_some(known)
         });
+        if !self.registry.is_local() {
+            self.cover_claim();
+        }
         let asked = Instant::now();
         // Only a lease that still runs: one that ran out may be another server's by now.
         let held = self
@@ -288,6 +297,17 @@ impl LeaseWorker {
             held,
             known_mark_ms,
         });
+        // A ceiling raised to cover the claim comes back first; a grant brings it back as it
+        // applies, recording its lease beside it.
+        if !matches!(
+            answer,
+            Ok(Answer {
+                verdict: Verdict::Granted(_),
+                ..
+            })
+        ) {
+            self.keep_ceiling(None);
+        }
         if answer.is_ok() {
             self.inherited = None;
             // A failed claim is logged as such.
@@ -334,6 +354,50 @@ impl LeaseWorker {
         }
     }
 
+    /// At the start of a run with a shared registry: takes on the incarnation of this server's run
+    /// before on this boot of the machine, with the lease that run recorded beside its ceiling
+    /// (see `ceiling::Ceiling::lease_to_carry_on`). The registry renews that lease for this run
+    /// unless it was claimed since (it then answers `Fenced`), and the grant starts above that
+    /// run's ceiling, instead of waiting for its lease to run out.
+    fn carry_on_the_lease_of_the_run_before(&mut self) {
+        // The lease table on this server gives a new run of the holder its row back at once.
+        if self.registry.is_local() {
+            return;
+        }
+        let status = shmem::lease_status();
+        // Once, before this run claims anything.
+        if status.known_mark_ms != 0 || status.applied_tenure.is_some() {
+            return;
+        }
+        let Some(recorded) = &self.recorded else {
+            return;
+        };
+        let Some(lease) =
+            recorded.lease_to_carry_on(&self.me.holder, server::timeline(), status.incarnation)
+        else {
+            return;
+        };
+        let worker_id = recorded.worker_id;
+        if self
+            .configured
+            .is_some_and(|configured| configured != worker_id)
+        {
+            return;
+        }
+        let lease = lease.clone();
+        shmem::update_lease_status(|status| {
+            status.incarnation = lease.incarnation;
+            status.known_mark_ms = lease.mark_ms;
+            status.carried = Some(Carried {
+                tenure: lease.tenure,
+                mark_ms: lease.mark_ms,
+            });
+            status.worker_id = Some(worker_id);
+        });
+        self.me.carry_on(lease.incarnation);
+        self.claiming = Some(worker_id);
+    }
+
     /// Applies a lease the registry granted: the gate opens above the grant's floor.
     fn granted(&mut self, worker_id: u16, granted: Granted, sent_ns: u64) -> Duration {
         // Only one written on this timeline: not a copy `pg_rewind` brought in.
@@ -344,17 +408,24 @@ impl LeaseWorker {
                 ceiling.worker_id == worker_id && ceiling.timeline == server::timeline()
             })
             .map(|ceiling| ceiling.below_ms);
-        let applied_tenure = shmem::lease_status().applied_tenure;
+        let status = shmem::lease_status();
         let floor_ms = lease::floor_of_grant(
-            granted.mark_ms,
-            granted.continued,
-            granted.renewal,
-            granted.tenure,
-            applied_tenure,
-            own_ceiling,
+            &granted,
+            &OwnPast {
+                applied_tenure: status.applied_tenure,
+                carried: status.carried,
+                ceiling_ms: own_ceiling,
+                shared_registry: !self.registry.is_local(),
+            },
         );
+        if lease::carries_on(&granted, status.carried) {
+            log!(
+                "snowid lease worker carries on the lease on worker id {worker_id} of this server's run before, on this boot of the machine, above its ceiling"
+            );
+        }
         let held = Holding {
             worker_id,
+            tenure: granted.tenure,
             reserved_until_ms: granted.reserved_until_ms,
             deadline_ns: sent_ns + self.timing.issuing_window().as_nanos() as u64,
             ceiling_ms: own_ceiling.unwrap_or(0),
@@ -362,7 +433,7 @@ impl LeaseWorker {
         self.claiming = Some(worker_id);
         self.holding = Some(held);
         // The gate first: a refusal that reads "held" finds it open.
-        self.raise_ceiling(floor_ms);
+        self.keep_ceiling(floor_ms);
         let name = self.me.name.clone();
         shmem::update_lease_status(|status| {
             status.worker_id = Some(worker_id);
@@ -375,6 +446,7 @@ impl LeaseWorker {
             status.handover_needed = false;
             // Only now that the gate applied its floor.
             status.applied_tenure = Some(granted.tenure);
+            status.carried = None;
             status.known_mark_ms = status.known_mark_ms.max(granted.reserved_until_ms);
             status.last_error = Text::default();
         });
@@ -386,12 +458,19 @@ impl LeaseWorker {
     /// see, but from now on this copy issues none under the lease. It becomes a new run of the
     /// server, which the registry refuses the worker id while the other copy's lease runs.
     fn fenced(&mut self, worker_id: Option<u16>, expires_at: i64) -> Duration {
+        let carried = shmem::lease_status().carried.is_some();
         let name = self.me.name.clone();
         let retry = self.refused(worker_id, &name, expires_at, false, false);
         let worker_id = worker_id.map_or("its worker id".into(), |id| format!("worker id {id}"));
-        warning!(
-            "snowid lease worker: another copy of this server's memory (a virtual machine resumed from a snapshot of its memory, or a running one forked) claimed the lease on {worker_id} since this copy last did: this copy issues no more ids under it, and claims again as a new run of the server"
-        );
+        if carried {
+            warning!(
+                "snowid lease worker: the lease on {worker_id} was claimed since this server's run before last recorded it (by another copy of that run, or by that run itself just before it stopped): this run does not carry it on, and claims as a new run of the server"
+            );
+        } else {
+            warning!(
+                "snowid lease worker: another copy of this server's memory (a virtual machine resumed from a snapshot of its memory, or a running one forked) claimed the lease on {worker_id} since this copy last did: this copy issues no more ids under it, and claims again as a new run of the server"
+            );
+        }
         self.me.become_a_new_run();
         retry
     }
@@ -444,49 +523,103 @@ impl LeaseWorker {
         self.claiming = self.configured;
     }
 
-    /// Moves the ceiling on while the lease is held; returns how soon to look again.
-    fn keep_ceiling(&mut self) -> Option<Duration> {
-        self.holding.as_ref()?;
-        self.raise_ceiling(None);
-        self.timing.ceiling_lead.map(Timing::ceiling_check_every)
+    /// Moves the ceiling on while the lease is held, applying `floor_ms`, or back once a claim it
+    /// covered is answered; returns whether a lease is held.
+    fn keep_ceiling(&mut self, floor_ms: Option<u64>) -> bool {
+        let Some(held) = self.holding.as_ref() else {
+            return false;
+        };
+        let lower = floor_ms.is_none().then(|| {
+            ceiling_policy().lower_to(now_ms(), held.ceiling_ms, self.state.next_free_millis())
+        });
+        match lower.flatten() {
+            Some(lower) => self.lower_ceiling(lower),
+            None => self.raise_ceiling(floor_ms),
+        }
+        true
     }
 
-    /// Opens the gate for the lease held, applying `floor_ms`. With the lease table on this server,
-    /// first moves the ceiling on when less than `Timing::ceiling_refresh_below` of it is left (or
-    /// at once with a new floor) and records it durably, so that ids pass only below a recorded
-    /// ceiling. A ceiling that could not be recorded is a bound until a write succeeds: the status
-    /// says why (the first failure of an episode goes to the server log too).
+    /// Before a claim of a shared registry: raises the ceiling to the reservation, so that ids flow
+    /// however long the worker waits for the answer (`keep_ceiling` brings it back after).
+    fn cover_claim(&mut self) {
+        let Some(held) = self.holding.as_ref() else {
+            return;
+        };
+        let covering = Some(held.reserved_until_ms).filter(|&reserved| reserved > held.ceiling_ms);
+        self.record_ceiling(covering, None);
+    }
+
+    /// Brings the ceiling back to `lower` (see `ceiling::Policy::lower_to`): the gate first, so that
+    /// no id passes above `lower` from then on, then the file, never below the ids issued before
+    /// the gate changed.
+    fn lower_ceiling(&mut self, lower: u64) {
+        let held = self
+            .holding
+            .as_ref()
+            .expect("called while the lease is held");
+        let (below, moves_up_to) = ceiling::gate_bounds(held.reserved_until_ms, lower, true);
+        self.state.open_gate(&grant(held, below, moves_up_to, None));
+        let lower = lower.max(self.state.next_free_millis());
+        self.record_ceiling(Some(lower), None);
+    }
+
+    /// Opens the gate for the lease held, applying `floor_ms`. First moves the ceiling on when less
+    /// than `Timing::ceiling_refresh_below` of it is left (or at once with a new floor) and records
+    /// it durably, so that ids pass only below a recorded ceiling.
     fn raise_ceiling(&mut self, floor_ms: Option<u64>) {
+        let held = self
+            .holding
+            .as_ref()
+            .expect("called while the lease is held");
+        let wanted = ceiling_policy().raise_to(
+            now_ms(),
+            held.ceiling_ms,
+            floor_ms,
+            self.state.next_free_millis(),
+        );
+        self.record_ceiling(wanted, floor_ms);
+    }
+
+    /// Records `wanted` as the ceiling, with the lease held beside it (with `None`, the ceiling
+    /// recorded again when that lease changed: a new mark known, say), then opens the gate below
+    /// the ceiling recorded, applying `floor_ms`. A ceiling that could not be recorded is a bound
+    /// until a write succeeds: the status says why (the first failure of an episode goes to the
+    /// server log too).
+    fn record_ceiling(&mut self, wanted: Option<u64>, floor_ms: Option<u64>) {
+        let held = self
+            .holding
+            .as_ref()
+            .expect("called while the lease is held");
+        // For the next run to carry on, with a shared registry: the mark the registry answered
+        // last is exactly the lease's mark, unless the lease was claimed since.
+        let lease = (!self.registry.is_local()).then(|| RunLease {
+            incarnation: shmem::lease_status().incarnation,
+            tenure: held.tenure,
+            mark_ms: held.reserved_until_ms,
+        });
+        let lease_changed = self
+            .recorded
+            .as_ref()
+            .is_none_or(|recorded| recorded.lease != lease);
+        let wanted = wanted.or_else(|| lease_changed.then_some(held.ceiling_ms));
+        let ceiling_name = self.ceiling_name();
         let held = self
             .holding
             .as_mut()
             .expect("called while the lease is held");
-        let Some(lead) = self.timing.ceiling_lead else {
-            self.state
-                .open_gate(&grant(held, held.reserved_until_ms, 0, floor_ms));
-            return;
-        };
-        let now_ms = layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0);
-        let policy = ceiling::Policy {
-            lead_ms: lead.as_millis() as u64,
-            refresh_below_ms: Timing::ceiling_refresh_below(lead).as_millis() as u64,
-        };
         let mut recorded = true;
-        let next_free_ms = self.state.next_free_millis();
-        if let Some(wanted) = policy.raise_to(now_ms, held.ceiling_ms, floor_ms, next_free_ms) {
+        if let Some(wanted) = wanted {
             let ceiling = Ceiling {
                 holder: self.me.holder.clone(),
                 timeline: server::timeline(),
                 worker_id: held.worker_id,
                 below_ms: wanted,
+                lease,
             };
             let writing = Instant::now();
-            let written = ceiling.write(&self.data_directory);
+            let written = ceiling.write(&self.ceiling_file);
             self.slowness.note(self.timing, writing.elapsed(), |ms| {
-                format!(
-                    "recording the ceiling in {} took {ms} ms",
-                    ceiling::FILE_NAME
-                )
+                format!("recording the ceiling in {} took {ms} ms", ceiling_name)
             });
             match written {
                 Ok(()) => {
@@ -496,10 +629,10 @@ impl LeaseWorker {
                 }
                 Err(failure) => {
                     recorded = false;
-                    let text = format!(
-                        "could not record the ceiling in {}: {failure}",
-                        ceiling::FILE_NAME
-                    );
+                    // A lower ceiling may be in the file all the same (the write failed after
+                    // the rename): a bound too.
+                    held.ceiling_ms = held.ceiling_ms.min(wanted);
+                    let text = format!("could not record the ceiling in {ceiling_name}: {failure}");
                     let first = shmem::update_lease_status(|status| {
                         let first = status.ceiling_error.as_str().is_empty();
                         status.ceiling_error = Text::new(&text);
@@ -542,21 +675,48 @@ impl LeaseWorker {
                 "snowid lease worker could not release the lease on worker id {worker_id}: {error}"
             );
         }
-        if self.timing.ceiling_lead.is_some() {
-            let ceiling = Ceiling {
+        // No lease is left to carry on.
+        let lowered = match self.registry.is_local() {
+            true => Ceiling {
                 holder: self.me.holder.clone(),
                 timeline: server::timeline(),
                 worker_id,
                 below_ms: high_water_ms,
-            };
-            if let Err(error) = ceiling.write(&self.data_directory) {
-                log!(
-                    "snowid lease worker could not lower the ceiling in {}: {error}",
-                    crate::ceiling::FILE_NAME
-                );
+                lease: None,
             }
+            .write(&self.ceiling_file),
+            false => std::fs::remove_file(&self.ceiling_file),
+        };
+        if let Err(error) = lowered {
+            log!(
+                "snowid lease worker could not lower the ceiling in {}: {error}",
+                self.ceiling_name()
+            );
         }
     }
+}
+
+impl LeaseWorker {
+    /// The ceiling file as messages name it: in the data directory by its name alone.
+    fn ceiling_name(&self) -> String {
+        match self.registry.is_local() {
+            true => ceiling::FILE_NAME.into(),
+            false => self.ceiling_file.display().to_string(),
+        }
+    }
+}
+
+/// How the ceiling runs ahead of the clock (see `ceiling::Policy`).
+fn ceiling_policy() -> ceiling::Policy {
+    ceiling::Policy {
+        lead_ms: CEILING_LEAD.as_millis() as u64,
+        refresh_below_ms: Timing::ceiling_refresh_below().as_millis() as u64,
+    }
+}
+
+/// The clock, in milliseconds since the snowid epoch.
+fn now_ms() -> u64 {
+    layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0)
 }
 
 fn grant(

@@ -152,22 +152,66 @@ pub struct Answer {
     pub verdict: Verdict,
 }
 
+/// The lease of the run before this one on this boot of the machine, which this run carries on (see
+/// `ceiling::Ceiling::lease_to_carry_on`): when that run took it, and its mark as the registry
+/// last answered that run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carried {
+    pub tenure: i64,
+    pub mark_ms: u64,
+}
+
+/// What a run of the server knows, at a grant, of the ids it and its earlier runs issued under the
+/// worker id.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OwnPast {
+    /// The tenure of the grant this run last applied.
+    pub applied_tenure: Option<i64>,
+    /// The lease of the run before, which this run carries on.
+    pub carried: Option<Carried>,
+    /// This server's ceiling for the worker id, if it recorded one.
+    pub ceiling_ms: Option<u64>,
+    /// Whether the registry is shared (another server's, or etcd): its mark covers the ids of every
+    /// holder, and this server's ceiling serves only a lease carried on.
+    pub shared_registry: bool,
+}
+
+/// Whether `granted` carries on the lease of the run before (`carried`): the registry renewed it as
+/// that run's, at the mark it last answered that run, so nobody claimed it since (each claim
+/// raises the mark).
+pub fn carries_on(granted: &Granted, carried: Option<Carried>) -> bool {
+    granted.renewal
+        && carried
+            == Some(Carried {
+                tenure: granted.tenure,
+                mark_ms: granted.mark_ms,
+            })
+}
+
 /// Where the ids of a grant start, above every id issued before under its worker id; `None` leaves
-/// the generator as it is. `applied_tenure` is the tenure of the grant this run of the server last
-/// applied, `own_ceiling_ms` this server's ceiling for the worker id, if it recorded one.
-pub fn floor_of_grant(
-    mark_ms: u64,
-    continued: bool,
-    renewal: bool,
-    tenure: i64,
-    applied_tenure: Option<i64>,
-    own_ceiling_ms: Option<u64>,
-) -> Option<u64> {
-    if renewal && applied_tenure == Some(tenure) {
+/// the generator as it is.
+pub fn floor_of_grant(granted: &Granted, past: &OwnPast) -> Option<u64> {
+    let &Granted {
+        mark_ms,
+        continued,
+        renewal,
+        tenure,
+        ..
+    } = granted;
+    if renewal && past.applied_tenure == Some(tenure) {
         // A renewal of the grant in force: its floor is applied already.
         return None;
     }
-    Some(match own_ceiling_ms {
+    if past.shared_registry {
+        // The registry's mark covers the ids of every holder, this server's earlier runs and other
+        // copies of it included; only the run before, whose lease this run carries on, is bounded
+        // more closely: gone, it issued below its ceiling.
+        return Some(match past.ceiling_ms {
+            Some(ceiling) if carries_on(granted, past.carried) => ceiling,
+            _ => mark_ms,
+        });
+    }
+    Some(match past.ceiling_ms {
         // A new run of the holder that held the row already: nobody else issued under the worker
         // id since, and its own ceiling, at most a second or so ahead, bounds what it issued.
         Some(ceiling) if continued && !renewal => ceiling,
@@ -325,43 +369,130 @@ mod tests {
     fn a_grant_starts_above_every_id_issued_before() {
         const MARK: u64 = 30_000;
         const CEILING: u64 = 1_000;
+        let grant = |continued, renewal, tenure| Granted {
+            mark_ms: MARK,
+            reserved_until_ms: MARK + 30_000,
+            expires_at: 9,
+            continued,
+            renewal,
+            tenure,
+        };
+        let past = |applied_tenure, ceiling_ms| OwnPast {
+            applied_tenure,
+            ceiling_ms,
+            ..OwnPast::default()
+        };
         // A renewal of the grant in force changes nothing.
         assert_eq!(
-            floor_of_grant(MARK, true, true, 7, Some(7), Some(CEILING)),
+            floor_of_grant(&grant(true, true, 7), &past(Some(7), Some(CEILING))),
             None
         );
         // A renewal of a grant this run never applied starts above the mark.
         assert_eq!(
-            floor_of_grant(MARK, true, true, 8, Some(7), None),
+            floor_of_grant(&grant(true, true, 8), &past(Some(7), None)),
             Some(MARK)
         );
         assert_eq!(
-            floor_of_grant(MARK, true, true, 8, None, Some(CEILING)),
+            floor_of_grant(&grant(true, true, 8), &past(None, Some(CEILING))),
             Some(MARK)
         );
         assert_eq!(
-            floor_of_grant(MARK, true, true, 8, None, Some(40_000)),
+            floor_of_grant(&grant(true, true, 8), &past(None, Some(40_000))),
             Some(40_000)
         );
         // A restart of the holder that held the row starts above its own ceiling.
         assert_eq!(
-            floor_of_grant(MARK, true, false, 8, None, Some(CEILING)),
+            floor_of_grant(&grant(true, false, 8), &past(None, Some(CEILING))),
             Some(CEILING)
         );
-        assert_eq!(floor_of_grant(MARK, true, false, 8, None, None), Some(MARK));
+        assert_eq!(
+            floor_of_grant(&grant(true, false, 8), &past(None, None)),
+            Some(MARK)
+        );
         // A new holder starts above the mark, and above its own ceiling from an earlier tenure.
         assert_eq!(
-            floor_of_grant(MARK, false, false, 8, None, Some(CEILING)),
+            floor_of_grant(&grant(false, false, 8), &past(None, Some(CEILING))),
             Some(MARK)
         );
         assert_eq!(
-            floor_of_grant(0, false, false, 8, Some(3), Some(CEILING)),
+            floor_of_grant(
+                &Granted {
+                    mark_ms: 0,
+                    ..grant(false, false, 8)
+                },
+                &past(Some(3), Some(CEILING))
+            ),
             Some(CEILING)
         );
         assert_eq!(
-            floor_of_grant(MARK, false, false, 8, Some(3), None),
+            floor_of_grant(&grant(false, false, 8), &past(Some(3), None)),
             Some(MARK)
         );
+    }
+
+    #[test]
+    fn with_a_shared_registry_only_a_lease_carried_on_starts_above_the_ceiling() {
+        const MARK: u64 = 30_000;
+        const CEILING: u64 = 1_000;
+        let grant = |continued, renewal| Granted {
+            mark_ms: MARK,
+            reserved_until_ms: MARK + 30_000,
+            expires_at: 9,
+            continued,
+            renewal,
+            tenure: 8,
+        };
+        let shared = |tenure, mark_ms| OwnPast {
+            applied_tenure: None,
+            carried: Some(Carried { tenure, mark_ms }),
+            ceiling_ms: Some(CEILING),
+            shared_registry: true,
+        };
+        // The run before on this boot, whose lease the registry renewed for this run at the mark
+        // it last answered that run.
+        assert_eq!(
+            floor_of_grant(&grant(true, true), &shared(8, MARK)),
+            Some(CEILING)
+        );
+        // A lease of another tenure (taken anew since the file was written) is not carried on.
+        assert_eq!(
+            floor_of_grant(&grant(true, true), &shared(7, MARK)),
+            Some(MARK)
+        );
+        // Nor one whose mark a claim raised since (one a registry before 0.9.0 renewed without
+        // comparing the marks).
+        assert_eq!(
+            floor_of_grant(&grant(true, true), &shared(8, MARK - 1)),
+            Some(MARK)
+        );
+        // A new run that took the row once the lease of the run before ran out: a copy of the
+        // whole disk would find the same ceiling, so above the mark.
+        let not_carried = OwnPast {
+            carried: None,
+            ..shared(8, MARK)
+        };
+        assert_eq!(
+            floor_of_grant(&grant(true, false), &not_carried),
+            Some(MARK)
+        );
+        assert_eq!(
+            floor_of_grant(&grant(true, false), &shared(8, MARK)),
+            Some(MARK)
+        );
+        // A holder that puts back, by its word, the lease a registry lost: the mark covers every
+        // other holder's ids, and its own are in its generator already, however far its ceiling
+        // runs ahead (to the reservation, while the claim waited).
+        let put_back = Granted {
+            mark_ms: 0,
+            ..grant(false, false)
+        };
+        let issuing = OwnPast {
+            applied_tenure: Some(7),
+            carried: None,
+            ceiling_ms: Some(MARK + 30_000),
+            shared_registry: true,
+        };
+        assert_eq!(floor_of_grant(&put_back, &issuing), Some(0));
     }
 
     #[test]

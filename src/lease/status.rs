@@ -1,6 +1,8 @@
 //! The lease as the lease worker last recorded it in shared memory: its state, and what the
 //! registry said, in text of fixed size.
 
+use super::claim::Carried;
+
 /// What the lease worker is doing, for refusals and `snowid_status()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u8)]
@@ -99,6 +101,9 @@ pub struct Status {
     pub incarnation: u64,
     /// The tenure of the grant the gate was last opened with (see `floor_of_grant`).
     pub applied_tenure: Option<i64>,
+    /// The lease of the run before this one on this boot of the machine, which this run carries on
+    /// under that run's incarnation, until its first grant (see `Carried`).
+    pub carried: Option<Carried>,
     /// The highest mark this run knows of: every reservation it sent, every mark it was answered
     /// (see `Verdict::Fenced`); 0 before its first claim.
     pub known_mark_ms: u64,

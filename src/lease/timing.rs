@@ -3,19 +3,17 @@
 
 use std::time::Duration;
 
-/// The timing of the lease, derived from `snowid.lease_ttl` and where the registry is.
+/// The timing of the lease, derived from `snowid.lease_ttl`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
     pub ttl: Duration,
-    /// How far ahead of the clock the ceiling recorded in the data directory runs, with the lease
-    /// table on this server: longer than the worker's calls to it take, so that issuing does not
-    /// wait for the worker, and short, since a server restarted after a crash waits until its
-    /// clock passes it. `None` with a shared registry, where a crashed server's next run starts
-    /// above the mark: a clone of its whole disk would find the same ceiling.
-    pub ceiling_lead: Option<Duration>,
 }
 
-/// The ceiling's lead; the worker waits at most 500 ms for a lock on the lease table.
+/// How far ahead of the clock the ceiling recorded in the data directory runs between claims:
+/// longer than the worker's calls to the lease table on this server take (it waits at most 500 ms
+/// for a lock), so that issuing does not wait for the worker, and short, since a server restarted
+/// after a crash waits until its clock passes it. A claim of a shared registry, which may take
+/// longer, is covered by a ceiling raised to the reservation before it is sent.
 pub const CEILING_LEAD: Duration = Duration::from_secs(1);
 
 impl Timing {
@@ -39,21 +37,21 @@ impl Timing {
     }
 
     /// The ceiling is moved on once less than this is left of its lead.
-    pub fn ceiling_refresh_below(lead: Duration) -> Duration {
-        lead / 2
+    pub fn ceiling_refresh_below() -> Duration {
+        CEILING_LEAD / 2
     }
 
     /// How often the worker wakes to move the ceiling on.
-    pub fn ceiling_check_every(lead: Duration) -> Duration {
-        lead / 4
+    pub fn ceiling_check_every() -> Duration {
+        CEILING_LEAD / 4
     }
 
     /// A renewal, a ceiling write or a late wake-up of the worker that takes longer than this is
     /// logged: half the headroom the ceiling has left when the worker moves it on. Past the whole
-    /// headroom callers wait at the ceiling. A shared registry, with no ceiling, is held to the
-    /// same time.
+    /// headroom callers wait at the ceiling (a claim of a shared registry aside, which its
+    /// ceiling covers).
     pub fn slow_after(&self) -> Duration {
-        Timing::ceiling_refresh_below(self.ceiling_lead.unwrap_or(CEILING_LEAD)) / 2
+        Timing::ceiling_refresh_below() / 2
     }
 }
 
@@ -65,26 +63,18 @@ mod tests {
     fn default_timing_is_thirty_ten_and_five_seconds() {
         let timing = Timing {
             ttl: Duration::from_secs(30),
-            ceiling_lead: Some(CEILING_LEAD),
         };
         assert_eq!(timing.renew_every(), Duration::from_secs(10));
         assert_eq!(timing.stop_margin(), Duration::from_secs(5));
         assert_eq!(timing.issuing_window(), Duration::from_secs(25));
         assert_eq!(timing.retry_every(), Duration::from_secs(1));
-        assert_eq!(
-            Timing::ceiling_refresh_below(CEILING_LEAD),
-            Duration::from_millis(500)
-        );
-        assert_eq!(
-            Timing::ceiling_check_every(CEILING_LEAD),
-            Duration::from_millis(250)
-        );
+        assert_eq!(Timing::ceiling_refresh_below(), Duration::from_millis(500));
+        assert_eq!(Timing::ceiling_check_every(), Duration::from_millis(250));
         assert_eq!(timing.slow_after(), Duration::from_millis(250));
-        let shared = Timing {
+        let short = Timing {
             ttl: Duration::from_secs(3),
-            ceiling_lead: None,
         };
-        assert_eq!(shared.retry_every(), Duration::from_secs(1));
-        assert_eq!(shared.slow_after(), Duration::from_millis(250));
+        assert_eq!(short.retry_every(), Duration::from_secs(1));
+        assert_eq!(short.slow_after(), Duration::from_millis(250));
     }
 }

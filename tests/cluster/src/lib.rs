@@ -987,7 +987,29 @@ impl Drop for Cluster {
             .arg(self.bindir.join("pg_ctl"))
             .args(["-D", &self.data(), "-m", "immediate", "stop"])
             .output();
+        // The ceiling that a node of a shared registry or etcd keeps in memory for the boot.
+        if let Some(prefix) = self.system_identifier().map(|id| format!("snowid-{id}-")) {
+            for entry in fs::read_dir("/dev/shm").into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
         let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Cluster {
+    /// The server's system identifier, from its control file.
+    fn system_identifier(&self) -> Option<String> {
+        let output = Command::new(self.bindir.join("pg_controldata"))
+            .arg(self.data())
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&output.stdout).lines().find_map(|line| {
+            let id = line.strip_prefix("Database system identifier:")?.trim();
+            Some(id.to_string())
+        })
     }
 }
 
@@ -1614,15 +1636,67 @@ pub fn watch_conflict_refusals(
     assert!(seen_conflict);
 }
 
-/// Crashes `node` (`pg_ctl stop -m immediate`), whose registry is shared (PostgreSQL or etcd) and
-/// its lease the default 30 s, right after its lease worker renewed, a second after a session began
-/// to issue, and starts it again: it is refused until the lease of its run before runs out (a run
-/// cannot prove that no copy of the server issues under it; see docs/operations.md), then issues
-/// above every id issued before the crash. Returns how long after the restarted server accepted
-/// connections it issued.
-pub fn assert_a_crash_restart_waits_for_the_lease_of_its_run_before(node: &Node) -> Duration {
+/// The ceiling file of `cluster`'s server: in its data directory with the lease table on the
+/// server; with a shared registry or etcd (`shared`), in `/dev/shm`, named for the holder, which
+/// begins with the server's system identifier.
+pub fn ceiling_file(cluster: &Cluster, shared: bool) -> PathBuf {
+    if !shared {
+        return cluster.dir().join("data/snowid.ceiling");
+    }
+    let system_identifier: String = query_value(
+        &mut cluster.connect(),
+        "SELECT system_identifier::text FROM pg_control_system()",
+    );
+    let prefix = format!("snowid-{system_identifier}-");
+    let found: Vec<PathBuf> = fs::read_dir("/dev/shm")
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            let name = path.file_name().unwrap().to_string_lossy();
+            name.starts_with(&prefix) && name.ends_with(".ceiling")
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.into_iter().next().unwrap()
+}
+
+/// The millisecond (since snowid's epoch) below which the ceiling in `file` lets ids pass.
+pub fn ceiling_ms(file: &Path) -> i64 {
+    let text = fs::read_to_string(file).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("below_ms "))
+        .expect("a ceiling file")
+        .parse()
+        .unwrap()
+}
+
+/// What happens to a crashed node of a shared registry (PostgreSQL or etcd) before it starts
+/// again, and so how its restart goes (see `assert_a_crash_restart`).
+pub enum WhileDown<'a> {
+    /// Nothing: it is the next run on the same boot of the machine, and carries on the lease of
+    /// the run that crashed, starting above that run's ceiling.
+    Nothing,
+    /// Its ceiling in `/dev/shm` is gone, as after a restart of the machine (or for a copy of its
+    /// data directory started on another machine): it waits for the lease of the run that crashed
+    /// to run out.
+    MachineRestarted,
+    /// Another copy of the run that crashed claims its lease (the closure does, returning the mark
+    /// it reserved up to): the restarted node does not carry the lease on, and waits for that
+    /// copy's lease to run out, starting above its mark.
+    ACopyClaims(Box<dyn FnOnce() -> i64 + 'a>),
+}
+
+/// Crashes `node` (`pg_ctl stop -m immediate`), whose registry is shared and its lease on worker
+/// id 2 the default 30 s, right after its lease worker renewed, a second after a session began to
+/// issue; does what `while_down` says; and starts it again. The restarted node issues above every
+/// id issued before the crash: carrying on its lease within 3 s of accepting connections, above
+/// the ceiling of the run that crashed, with one LOG line; otherwise once the lease it waits for
+/// ran out (above a copy's mark). Returns how long after the restarted server accepted connections
+/// it issued.
+pub fn assert_a_crash_restart(node: &Node, while_down: WhileDown) -> Duration {
     // How long it may issue after a renewal: five sixths of the lease.
     let window = Duration::from_secs(25);
+    let ceiling = ceiling_file(&node.cluster, true);
     let mut client = node.cluster.connect();
     wait_every("a renewal", window, Duration::from_millis(10), || {
         let left: f64 = query_value(
@@ -1638,6 +1712,17 @@ pub fn assert_a_crash_restart_waits_for_the_lease_of_its_run_before(node: &Node)
     }
     drop(client);
     node.cluster.stop("immediate");
+    let log_before = node.cluster.log().len();
+    let ceiling_before_ms = ceiling_ms(&ceiling);
+    let carries_on = matches!(while_down, WhileDown::Nothing);
+    let copy_reserved_ms = match while_down {
+        WhileDown::Nothing => None,
+        WhileDown::MachineRestarted => {
+            fs::remove_file(&ceiling).unwrap();
+            None
+        }
+        WhileDown::ACopyClaims(claim) => Some(claim()),
+    };
     node.cluster.start_again();
     let accepting = Instant::now();
     let mut client = node.cluster.connect();
@@ -1645,23 +1730,57 @@ pub fn assert_a_crash_restart_waits_for_the_lease_of_its_run_before(node: &Node)
         "under this server's own name, {}, by another run",
         node.holder_name()
     );
-    let (first, _) = next_id_once_issuing(
+    let (first, refusals) = next_id_once_issuing(
         &mut client,
         window + Duration::from_secs(10),
         Duration::from_millis(10),
-        |refusal| refusal.contains(&earlier_run) || refusal.contains("is not acquired yet"),
+        |refusal| {
+            refusal.contains(&earlier_run)
+                || refusal.contains("is not acquired yet")
+                || refusal.starts_with("55000: snowid refuses to issue ids for another ")
+        },
     );
     let waited = accepting.elapsed();
     let highest_before = *before.iter().max().unwrap();
     assert!(first > highest_before, "{first} after {highest_before}");
+    let log = node.cluster.log()[log_before..].to_string();
+    let carried = log
+        .matches(
+            "LOG:  snowid lease worker carries on the lease on worker id 2 of this server's run \
+             before, on this boot of the machine, above its ceiling",
+        )
+        .count();
+    let claimed_since = log
+        .matches(
+            "WARNING:  snowid lease worker: the lease on worker id 2 was claimed since this \
+             server's run before last recorded it (by another copy of that run, or by that run \
+             itself just before it stopped): this run does not carry it on, and claims as a new \
+             run of the server",
+        )
+        .count();
     println!(
-        "{}: the first id {waited:?} after the restarted server accepted connections",
-        node.name
+        "{}: the first id {waited:?} after the restarted server accepted connections, {} refusals before",
+        node.name,
+        refusals.len()
     );
-    // The lease runs 30 s from the renewal, read on the registry's clock, and the restarted
-    // server claims again every second.
+    if carries_on {
+        assert_eq!((carried, claimed_since), (1, 0));
+        assert!(ids::millis_of(first) >= ceiling_before_ms);
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+        return waited;
+    }
+    assert_eq!(carried, 0);
+    match copy_reserved_ms {
+        Some(reserved_ms) => {
+            assert_eq!(claimed_since, 1);
+            assert!(ids::millis_of(first) >= reserved_ms);
+        }
+        None => assert_eq!(claimed_since, 0),
+    }
+    // The lease runs 30 s from the renewal (or the copy's claim, right after the crash), read on
+    // the registry's clock, and the restarted server claims again every second.
     assert!(
-        waited > Duration::from_secs(25) && waited < Duration::from_secs(32),
+        waited > Duration::from_secs(25) && waited < Duration::from_secs(33),
         "{waited:?}"
     );
     waited

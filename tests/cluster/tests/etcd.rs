@@ -14,10 +14,10 @@ use snowid_cluster_tests::loss::{
 };
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    assert_a_crash_restart_waits_for_the_lease_of_its_run_before, assert_fenced_off_then_taken,
+    assert_a_crash_restart, assert_fenced_off_then_taken,
     calls_during, distinct_ids, give_to_postgres, increasing_ids, lease_worker_pid, next_id,
     next_id_once_issuing, query_value, remove_unless_failed, signal, wait_every, wait_for,
-    wait_for_lease_state, watch_conflict_refusals, Node,
+    wait_for_lease_state, watch_conflict_refusals, Node, WhileDown,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -289,9 +289,9 @@ fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
     let mut sorted = taken.clone();
     sorted.sort();
     assert_eq!(sorted, [0, 1, 2, 3]);
-    // A crashed node (stopped with -m immediate: nothing released) leaves its own worker id to
-    // its earlier run, whose etcd lease still runs (it may be a copy of this node), and takes the
-    // lowest free one, 4, at once, above its earlier ids.
+    // A crashed node (stopped with -m immediate: nothing released), started again on the same
+    // boot of the machine, carries on the lease of its earlier run: worker id 2 again, at once,
+    // above its earlier ids.
     let crashed = taken.iter().position(|id| *id == 2).unwrap();
     nodes[crashed].cluster.stop("immediate");
     nodes[crashed].cluster.start_again();
@@ -300,9 +300,14 @@ fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
         wait_for_lease_state(&mut client, "held", Duration::from_secs(5)),
         "held"
     );
-    assert_eq!(status(&mut client).1, Some(4));
-    let id = next_id(&mut client).unwrap();
-    assert_eq!(worker_of(id), 4);
+    assert_eq!(status(&mut client).1, Some(2));
+    let (id, _) = next_id_once_issuing(
+        &mut client,
+        Duration::from_secs(3),
+        Duration::from_millis(10),
+        |refusal| refusal.starts_with("55000: snowid refuses to issue ids for another "),
+    );
+    assert_eq!(worker_of(id), 2);
     assert!(id > ids[crashed]);
     ids.push(id);
     // The node with worker id 1 leaves cleanly; a fifth node takes the lowest free one, 1.
@@ -524,9 +529,22 @@ fn etcd_restored_from_a_snapshot_under_a_fleet_with_9_s_leases_grants_no_worker_
 }
 
 #[test]
-fn a_crash_restart_waits_for_the_lease_of_its_run_before() {
+fn a_crash_restart_carries_on_the_lease_of_its_run_before() {
     let (_dir, _etcd, node) = etcd_with_node("crash-restart", 2, 30);
-    assert_a_crash_restart_waits_for_the_lease_of_its_run_before(&node);
+    assert_a_crash_restart(&node, WhileDown::Nothing);
+}
+
+#[test]
+fn a_crash_restart_after_a_copy_of_its_run_claimed_waits_for_that_copys_lease() {
+    let (_dir, etcd, node) = etcd_with_node("crash-copy", 2, 30);
+    // What a copy's renewal leaves behind: its etcd lease kept alive (it runs anyway), and the
+    // mark raised to its reservation.
+    let copy = Box::new(|| {
+        let reserved_ms = (millis_now() + 30_000).max(mark(&etcd, 2) + 1);
+        etcd.etcdctl(&["put", "/snowid/marks/2", &reserved_ms.to_string()]);
+        reserved_ms
+    });
+    assert_a_crash_restart(&node, WhileDown::ACopyClaims(copy));
 }
 
 #[test]

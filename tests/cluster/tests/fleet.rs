@@ -34,10 +34,10 @@ use postgres::Client;
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of, worker_of};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    assert_a_crash_restart_waits_for_the_lease_of_its_run_before, assert_fenced_off_then_taken,
+    assert_a_crash_restart, assert_fenced_off_then_taken,
     calls_during, calls_every, calls_until_issuing, distinct_ids, error_text, give_to_postgres,
     increasing_ids, query_pair, query_value, signal_all, wait_for, wait_for_lease_state,
-    watch_conflict_refusals, Call, Cluster, Node, NEW_REGISTRY,
+    watch_conflict_refusals, Call, Cluster, Node, WhileDown, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -182,17 +182,44 @@ fn lease_row(registry: &mut Client, worker_id: i32) -> LeaseRow {
     )
 }
 
-#[test]
-fn a_crash_restart_waits_for_the_lease_of_its_run_before() {
-    let registry = registry("crash-registry", &[]);
-    let node = Node::start(
-        "crash-restart",
-        Some(2),
-        &superuser_conninfo(&registry),
-        &[],
-    );
+/// A node of a shared registry holding worker id 2 with the default 30 s lease, and its
+/// registry's superuser.
+fn crash_restart_node(name: &str) -> (Cluster, Node, Client) {
+    let registry = registry(&format!("{name}-registry"), &[]);
+    let node = Node::start(name, Some(2), &superuser_conninfo(&registry), &[]);
     wait_for_lease_state(&mut node.cluster.connect(), "held", Duration::from_secs(15));
-    assert_a_crash_restart_waits_for_the_lease_of_its_run_before(&node);
+    let admin = registry.connect();
+    (registry, node, admin)
+}
+
+#[test]
+fn a_crash_restart_carries_on_the_lease_of_its_run_before() {
+    let (_registry, node, _) = crash_restart_node("crash-restart");
+    assert_a_crash_restart(&node, WhileDown::Nothing);
+}
+
+#[test]
+fn a_crash_restart_after_the_machine_restarted_waits_for_the_lease_of_its_run_before() {
+    let (_registry, node, _) = crash_restart_node("crash-boot");
+    assert_a_crash_restart(&node, WhileDown::MachineRestarted);
+}
+
+#[test]
+fn a_crash_restart_after_a_copy_of_its_run_claimed_waits_for_that_copys_lease() {
+    let (_registry, node, mut admin) = crash_restart_node("crash-copy");
+    let copy = Box::new(move || {
+        let (holder, incarnation, name, _, _, _) = lease_row(&mut admin, 2);
+        let copy = admin
+            .query_one(COPY_CLAIM, &[&2i32, &holder, &incarnation, &name, &30_000i64])
+            .unwrap();
+        assert_eq!(
+            (copy.get(0), copy.get(1), copy.get(2)),
+            (true, true, false),
+            "the registry takes the copy for the run that crashed"
+        );
+        copy.get::<_, i64>(3)
+    });
+    assert_a_crash_restart(&node, WhileDown::ACopyClaims(copy));
 }
 
 #[test]
@@ -1171,13 +1198,14 @@ fn two_servers_with_one_identity_never_take_the_lease_from_each_other() {
     assert!(after > *ids.last().unwrap());
 }
 
-/// The other copy's claim: the lease on worker id 4 renewed with the holder's own holder,
-/// incarnation and name, knowing of the mark as it stands, and reserving, as the holder would, the
-/// registry's clock plus the lease's time-to-live, later than the holder's last reservation.
+/// Another copy's claim: the lease on worker id $1 renewed with the holder's own holder,
+/// incarnation and name ($2 to $4), knowing of the mark as it stands, and reserving, as the holder
+/// would, the registry's clock plus the lease's time-to-live ($5, in ms), later than the holder's
+/// last reservation.
 const COPY_CLAIM: &str = "SELECT granted, renewal, fenced, reserved_until_ms \
-     FROM (SELECT high_water_ms AS mark FROM snowid.worker_lease WHERE worker_id = 4) l, \
-     snowid.lease_claim(4, $1, $2, $3, 6000, \
-         greatest((extract(epoch FROM clock_timestamp()) * 1000)::int8 - 1767225600000 + 6000, \
+     FROM (SELECT high_water_ms AS mark FROM snowid.worker_lease WHERE worker_id = $1) l, \
+     snowid.lease_claim($1, $2, $3, $4, $5, \
+         greatest((extract(epoch FROM clock_timestamp()) * 1000)::int8 - 1767225600000 + $5, \
                   l.mark + 1), \
          true, 1, true, l.mark)";
 
@@ -1222,7 +1250,7 @@ fn a_copy_of_a_holders_memory_that_claims_its_lease_fences_the_holder_off() {
                 .batch_execute("LOCK TABLE snowid.worker_lease IN SHARE ROW EXCLUSIVE MODE")
                 .unwrap();
             let copy = copying
-                .query_one(COPY_CLAIM, &[&holder_id, &incarnation, &name])
+                .query_one(COPY_CLAIM, &[&4i32, &holder_id, &incarnation, &name, &6000i64])
                 .unwrap();
             copying.commit().unwrap();
             let copied_at = started.elapsed();

@@ -7,9 +7,10 @@
 use postgres::Client;
 use snowid_cluster_tests::ids::{millis_of, unix_ms};
 use snowid_cluster_tests::{
-    assert_episode_logged, error_text, lease_worker_pid, next_id_once_issuing, scenario_tests,
-    signal, Cluster, Node, RaiseOnDrop, NEW_REGISTRY,
+    assert_episode_logged, ceiling_file, ceiling_ms, error_text, lease_worker_pid,
+    next_id_once_issuing, scenario_tests, signal, Cluster, Node, RaiseOnDrop, NEW_REGISTRY,
 };
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -125,14 +126,9 @@ fn increasing_ids(calls: &[Call]) -> Vec<i64> {
     snowid_cluster_tests::increasing_ids(results, "ids distinct and increasing")
 }
 
-/// The millisecond (since snowid's epoch) below which the server's recorded ceiling lets ids pass.
-fn recorded_ceiling_ms(cluster: &Cluster) -> i64 {
-    let text = std::fs::read_to_string(cluster.dir().join("data/snowid.ceiling")).unwrap();
-    let below = text
-        .lines()
-        .find_map(|line| line.strip_prefix("below_ms "))
-        .expect("a ceiling file");
-    below.parse().unwrap()
+/// The server's ceiling file, where `registry` has it kept.
+fn ceiling_of(cluster: &Cluster, registry: Registry) -> PathBuf {
+    ceiling_file(cluster, matches!(registry, Registry::Shared))
 }
 
 fn counter(client: &mut Client, column: &str) -> i64 {
@@ -142,14 +138,15 @@ fn counter(client: &mut Client, column: &str) -> i64 {
         .get(0)
 }
 
-/// The worker stopped for 5 s, with the default `snowid.lease_ttl` of 30 s: no call fails; with the
-/// lease table on the server, the call that reached the ceiling waited for the worker, about as
-/// long as it was stopped, and every id issued meanwhile is below the ceiling recorded.
+/// The worker stopped for 5 s, with the default `snowid.lease_ttl` of 30 s: no call fails; the call
+/// that reached the ceiling waited for the worker, about as long as it was stopped, and every id
+/// issued meanwhile is below the ceiling recorded.
 fn stopped_for_five_seconds(registry: Registry) {
     let (cluster, mut client, _shared) = leased_server(registry, &[]);
     let pid = lease_worker_pid(&mut client);
+    let ceiling = ceiling_of(&cluster, registry);
     let stop = Duration::from_secs(5);
-    let mut ceiling_during_stop = None;
+    let mut ceiling_during_stop = 0;
     let mut resumed = None;
     let mut log_before_stop = 0;
     let calls = calls_during(&cluster, || {
@@ -161,9 +158,7 @@ fn stopped_for_five_seconds(registry: Registry) {
         log_before_stop = cluster.log().len();
         signal(pid, "-STOP");
         std::thread::sleep(Duration::from_millis(100));
-        if matches!(registry, Registry::OnTheServer) {
-            ceiling_during_stop = Some(recorded_ceiling_ms(&cluster));
-        }
+        ceiling_during_stop = ceiling_ms(&ceiling);
         std::thread::sleep(stop - Duration::from_millis(100));
         resumed = Some(Instant::now());
         signal(pid, "-CONT");
@@ -180,25 +175,19 @@ fn stopped_for_five_seconds(registry: Registry) {
         calls.len()
     );
     assert!(longest <= stop + Duration::from_millis(500), "{longest:?}");
-    let waits = counter(&mut client, "ceiling_waits");
-    match ceiling_during_stop {
-        Some(ceiling_ms) => {
-            // The ceiling runs at most a second ahead: the call that met it waited for the worker.
-            assert!(longest >= stop - Duration::from_millis(1500), "{longest:?}");
-            assert_eq!(waits, 1, "one call waited");
-            let resumed = resumed.unwrap();
-            let before_resume = calls
-                .iter()
-                .filter(|call| call.started + call.took < resumed)
-                .filter_map(|call| call.result.clone().ok());
-            for id in before_resume {
-                assert!(
-                    millis_of(id) < ceiling_ms,
-                    "{id} passed the ceiling {ceiling_ms}"
-                );
-            }
-        }
-        None => assert_eq!(waits, 0, "no ceiling to wait at"),
+    // The ceiling runs at most a second ahead: the call that met it waited for the worker.
+    assert!(longest >= stop - Duration::from_millis(1500), "{longest:?}");
+    assert_eq!(counter(&mut client, "ceiling_waits"), 1, "one call waited");
+    let resumed = resumed.unwrap();
+    let before_resume = calls
+        .iter()
+        .filter(|call| call.started + call.took < resumed)
+        .filter_map(|call| call.result.clone().ok());
+    for id in before_resume {
+        assert!(
+            millis_of(id) < ceiling_during_stop,
+            "{id} passed the ceiling {ceiling_during_stop}"
+        );
     }
     assert!(ids.len() >= 1000, "{} ids", ids.len());
     // One WARNING for the stop, whatever step it caught the worker in: asleep (it then woke late),
@@ -209,23 +198,22 @@ fn stopped_for_five_seconds(registry: Registry) {
         .map(str::to_string)
         .collect();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    let expected_tail = match registry {
-        Registry::OnTheServer => {
-            ", more than 250 ms; calls to snowid_next() wait while the ceiling is not moved on, \
-             and are refused once the lease has gone 25 s without renewal"
-        }
-        Registry::Shared => {
-            ", more than 250 ms; calls to snowid_next() are refused once the lease has gone 25 s \
-             without renewal"
-        }
-    };
+    let expected_tail = ", more than 250 ms; calls to snowid_next() wait while the ceiling is not \
+                         moved on, and are refused once the lease has gone 25 s without renewal";
     let step = warnings[0]
         .split_once("held up: ")
         .and_then(|(_, rest)| rest.strip_suffix(expected_tail))
         .unwrap_or_else(|| panic!("{}", warnings[0]));
+    let recording = format!(
+        "recording the ceiling in {} took ",
+        match registry {
+            Registry::OnTheServer => "snowid.ceiling".to_string(),
+            Registry::Shared => ceiling.display().to_string(),
+        }
+    );
     let late_ms = [
         ("it woke ", " ms late (stopped, or starved of CPU)"),
-        ("recording the ceiling in snowid.ceiling took ", " ms"),
+        (recording.as_str(), " ms"),
         ("claiming the lease took ", " ms"),
     ]
     .iter()
@@ -327,7 +315,7 @@ fn a_ceiling_that_cannot_be_recorded_is_refused_at_once_naming_why() {
 
 scenario_tests! { stopped_for_five_seconds:
     a_lease_worker_stopped_for_five_seconds_costs_callers_a_wait_never_an_error: Registry::OnTheServer,
-    with_a_shared_registry_a_lease_worker_stopped_for_five_seconds_costs_nothing: Registry::Shared,
+    with_a_shared_registry_a_lease_worker_stopped_for_five_seconds_costs_callers_a_wait_never_an_error: Registry::Shared,
 }
 
 /// The refusal of a lease whose worker has not renewed it for `seconds`.
@@ -340,9 +328,9 @@ fn ran_out_refusal(seconds: &str) -> String {
     )
 }
 
-/// The worker stopped past the end of a 3 s lease: calls go on (waiting at the ceiling, with the
-/// lease table on the server) until the deadline, 2.5 s after the last renewal, and are refused
-/// from then on; once the worker runs again, issuing resumes above every id before.
+/// The worker stopped past the end of a 3 s lease: calls go on (the last one waiting at the
+/// ceiling) until the deadline, 2.5 s after the last renewal, and are refused from then on; once
+/// the worker runs again, issuing resumes above every id before.
 fn stopped_past_the_deadline(registry: Registry) {
     let (cluster, mut client, _shared) = leased_server(registry, &["snowid.lease_ttl = 3"]);
     let pid = lease_worker_pid(&mut client);
@@ -352,8 +340,7 @@ fn stopped_past_the_deadline(registry: Registry) {
     signal(pid, "-STOP");
     let expires_at = lease_expiry(&mut client);
     let deadline_unix_ms = expires_at - 500;
-    let ceiling_ms =
-        matches!(registry, Registry::OnTheServer).then(|| recorded_ceiling_ms(&cluster));
+    let ceiling_ms = ceiling_ms(&ceiling_of(&cluster, registry));
     let calls = calls_during(&cluster, || std::thread::sleep(Duration::from_secs(3)));
     signal(pid, "-CONT");
 
@@ -390,16 +377,14 @@ fn stopped_past_the_deadline(registry: Registry) {
     );
     assert!(first_refused > 0, "calls issued until the deadline");
     let ids = increasing_ids(&calls);
-    if let Some(ceiling_ms) = ceiling_ms {
-        // The last call before the refusals waited at the ceiling until the deadline.
-        let waited = calls[first_refused].took;
-        assert!(waited >= Duration::from_millis(1000), "{waited:?}");
-        for &id in &ids {
-            assert!(
-                millis_of(id) < ceiling_ms,
-                "{id} passed the ceiling {ceiling_ms}"
-            );
-        }
+    // The last call before the refusals waited at the ceiling until the deadline.
+    let waited = calls[first_refused].took;
+    assert!(waited >= Duration::from_millis(1000), "{waited:?}");
+    for &id in &ids {
+        assert!(
+            millis_of(id) < ceiling_ms,
+            "{id} passed the ceiling {ceiling_ms}"
+        );
     }
 
     // Running again, the worker renews: issuing resumes above every id before.
