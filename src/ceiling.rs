@@ -19,17 +19,21 @@
 //! but old, and written on a timeline before the leader's promotion, which the rewound node follows.
 //!
 //! With a shared registry or etcd, the file is in memory that lasts as long as the machine's boot
-//! (`/dev/shm`), with the lease held beside it: the next run of the server on this boot carries that
-//! lease on (see [`Ceiling::lease_to_carry_on`]). A restart of the machine empties it, and a copy of
-//! the data directory, or one put back from a snapshot, never has it.
+//! (a directory of the server's own in `/dev/shm`, see [`memory_directory`]), with the lease held
+//! beside it: the next run of the server on this boot carries that lease on (see
+//! [`Ceiling::lease_to_carry_on`]). A restart of the machine empties it, and a copy of the data
+//! directory started elsewhere never has it.
 
 use std::fs::{self, File};
-use std::io::Write;
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 pub const FILE_NAME: &str = "snowid.ceiling";
-/// Where a ceiling kept in memory for the boot of the machine lives.
-const MEMORY_DIRECTORY: &str = "/dev/shm";
+/// Where ceilings kept in memory for the boot of the machine live.
+const MEMORY: &str = "/dev/shm";
+/// The file system type of a tmpfs, as statfs(2) says it.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
 // Version 1 (snowid 0.6.0 and earlier) had no timeline: such a file is not read.
 const HEADER: &str = "snowid ceiling 2";
 /// The header of a file with the lease held.
@@ -65,9 +69,38 @@ pub fn in_data_directory(data_directory: &Path) -> PathBuf {
     data_directory.join(FILE_NAME)
 }
 
-/// The ceiling file of `holder` (see `claimant::Claimant::holder`), with a shared registry or etcd.
-pub fn in_memory(holder: &str) -> PathBuf {
-    Path::new(MEMORY_DIRECTORY).join(format!("snowid-{holder}.ceiling"))
+/// The directory for ceilings kept in memory, `/dev/shm/snowid-UID`, of this operating-system
+/// user's own, made if need be. None, and why, where `/dev/shm` is not a tmpfs (which a restart of
+/// the machine empties), or the directory is not one of this user's that no other user may use:
+/// another user could otherwise plant a file there, or block the one the worker writes.
+pub fn memory_directory() -> Result<PathBuf, String> {
+    let kind = rustix::fs::statfs(MEMORY).map_err(|error| format!("{MEMORY}: {error}"))?;
+    if kind.f_type as i64 != TMPFS_MAGIC {
+        return Err(format!("{MEMORY} is not a tmpfs"));
+    }
+    let uid = rustix::process::geteuid().as_raw();
+    let directory = Path::new(MEMORY).join(format!("snowid-{uid}"));
+    match fs::DirBuilder::new().mode(0o700).create(&directory) {
+        Err(error) if error.kind() != ErrorKind::AlreadyExists => {
+            return Err(format!("{}: {error}", directory.display()))
+        }
+        _ => {}
+    }
+    let found = fs::symlink_metadata(&directory)
+        .map_err(|error| format!("{}: {error}", directory.display()))?;
+    if !found.is_dir() || found.uid() != uid || found.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a directory of this user's that no other user may use",
+            directory.display()
+        ));
+    }
+    Ok(directory)
+}
+
+/// The ceiling file of `holder` (see `claimant::Claimant::holder`) in `directory` (see
+/// [`memory_directory`]), with a shared registry or etcd.
+pub fn in_memory(directory: &Path, holder: &str) -> PathBuf {
+    directory.join(format!("{holder}.ceiling"))
 }
 
 impl Ceiling {
@@ -219,6 +252,7 @@ pub fn gate_bounds(reserved_until_ms: u64, ceiling_ms: u64, recorded: bool) -> (
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     const POLICY: Policy = Policy {
         lead_ms: 1_000,
@@ -368,10 +402,25 @@ mod tests {
     }
 
     #[test]
-    fn a_ceiling_in_memory_is_named_for_its_holder() {
+    fn ceilings_in_memory_are_kept_in_a_directory_of_this_users_own() {
+        let directory = memory_directory().unwrap();
+        let uid = rustix::process::geteuid().as_raw();
+        assert_eq!(directory, Path::new(&format!("/dev/shm/snowid-{uid}")));
+        assert_eq!(fs::metadata(&directory).unwrap().mode() & 0o777, 0o700);
         assert_eq!(
-            in_memory("7312345678901234567-00ff00ff00ff00ff"),
-            Path::new("/dev/shm/snowid-7312345678901234567-00ff00ff00ff00ff.ceiling")
+            in_memory(&directory, "7312345678901234567-00ff00ff00ff00ff"),
+            directory.join("7312345678901234567-00ff00ff00ff00ff.ceiling")
         );
+        // One that other users may write is refused.
+        fs::set_permissions(&directory, fs::Permissions::from_mode(0o1777)).unwrap();
+        assert_eq!(
+            memory_directory(),
+            Err(format!(
+                "{} is not a directory of this user's that no other user may use",
+                directory.display()
+            ))
+        );
+        fs::set_permissions(&directory, fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(memory_directory(), Ok(directory));
     }
 }

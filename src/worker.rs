@@ -74,14 +74,25 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     let configured = gucs::worker_id();
     // With a shared registry or etcd, in memory for the boot of the machine (see `ceiling`).
     let ceiling_file = match registry.is_local() {
-        true => ceiling::in_data_directory(Path::new(&server::server_identity().data_directory)),
-        false => ceiling::in_memory(&me.holder),
+        true => Some(ceiling::in_data_directory(Path::new(
+            &server::server_identity().data_directory,
+        ))),
+        false => match ceiling::memory_directory() {
+            Ok(directory) => Some(ceiling::in_memory(&directory, &me.holder)),
+            Err(why) => {
+                warning!("snowid lease worker keeps no ceiling: {why}; {KEEPS_NONE}");
+                None
+            }
+        },
     };
     let timing = gucs::lease_timing();
     let mut worker = LeaseWorker {
         state,
         timing,
-        recorded: Ceiling::read(&ceiling_file).filter(|ceiling| ceiling.holder == me.holder),
+        recorded: ceiling_file
+            .as_deref()
+            .and_then(Ceiling::read)
+            .filter(|ceiling| ceiling.holder == me.holder),
         ceiling_file,
         me,
         registry,
@@ -134,6 +145,10 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     stop(state, Some(&mut worker));
 }
 
+/// What a node of a shared registry that keeps no ceiling in memory loses.
+const KEEPS_NONE: &str =
+    "ids are issued up to the reservation, and a crash restart waits for the lease of the run before to run out";
+
 /// How often a standby's worker looks whether it was promoted, to claim at once.
 const PROMOTION_POLL: Duration = Duration::from_millis(50);
 
@@ -178,8 +193,9 @@ struct LeaseWorker {
     timing: Timing,
     me: Claimant,
     registry: Registry,
-    /// Where the ceiling is kept (see `ceiling`).
-    ceiling_file: PathBuf,
+    /// Where the ceiling is kept (see `ceiling`); `None` with a shared registry whose ceiling cannot
+    /// be kept in memory: the gate then opens up to the reservation.
+    ceiling_file: Option<PathBuf>,
     /// This server's ceiling as last recorded, by this run or an earlier one.
     recorded: Option<Ceiling>,
     configured: Option<u16>,
@@ -529,7 +545,9 @@ impl LeaseWorker {
         let Some(held) = self.holding.as_ref() else {
             return false;
         };
-        let lower = floor_ms.is_none().then(|| {
+        // Only a ceiling raised to cover a claim of a shared registry comes back.
+        let covers_claims = !self.registry.is_local() && self.ceiling_file.is_some();
+        let lower = (floor_ms.is_none() && covers_claims).then(|| {
             ceiling_policy().lower_to(now_ms(), held.ceiling_ms, self.state.next_free_millis())
         });
         match lower.flatten() {
@@ -542,7 +560,7 @@ impl LeaseWorker {
     /// Before a claim of a shared registry: raises the ceiling to the reservation, so that ids flow
     /// however long the worker waits for the answer (`keep_ceiling` brings it back after).
     fn cover_claim(&mut self) {
-        let Some(held) = self.holding.as_ref() else {
+        let (Some(held), Some(_)) = (self.holding.as_ref(), &self.ceiling_file) else {
             return;
         };
         let covering = Some(held.reserved_until_ms).filter(|&reserved| reserved > held.ceiling_ms);
@@ -590,6 +608,11 @@ impl LeaseWorker {
             .holding
             .as_ref()
             .expect("called while the lease is held");
+        let Some(file) = self.ceiling_file.clone() else {
+            self.state
+                .open_gate(&grant(held, held.reserved_until_ms, 0, floor_ms));
+            return;
+        };
         // For the next run to carry on, with a shared registry: the mark the registry answered
         // last is exactly the lease's mark, unless the lease was claimed since.
         let lease = (!self.registry.is_local()).then(|| RunLease {
@@ -617,7 +640,7 @@ impl LeaseWorker {
                 lease,
             };
             let writing = Instant::now();
-            let written = ceiling.write(&self.ceiling_file);
+            let written = ceiling.write(&file);
             self.slowness.note(self.timing, writing.elapsed(), |ms| {
                 format!("recording the ceiling in {} took {ms} ms", ceiling_name)
             });
@@ -626,6 +649,17 @@ impl LeaseWorker {
                     held.ceiling_ms = wanted;
                     self.recorded = Some(ceiling);
                     shmem::update_lease_status(|status| status.ceiling_error = Text::default());
+                }
+                // In memory, the file can go: the run keeps none from then on, rather than stop.
+                Err(failure) if !self.registry.is_local() && remove(&file).is_ok() => {
+                    warning!(
+                        "snowid lease worker could not record the ceiling in {ceiling_name}: {failure}; it keeps none from now on: {KEEPS_NONE}"
+                    );
+                    self.ceiling_file = None;
+                    self.recorded = None;
+                    self.state
+                        .open_gate(&grant(held, held.reserved_until_ms, 0, floor_ms));
+                    return;
                 }
                 Err(failure) => {
                     recorded = false;
@@ -676,6 +710,9 @@ impl LeaseWorker {
             );
         }
         // No lease is left to carry on.
+        let Some(file) = &self.ceiling_file else {
+            return;
+        };
         let lowered = match self.registry.is_local() {
             true => Ceiling {
                 holder: self.me.holder.clone(),
@@ -684,8 +721,8 @@ impl LeaseWorker {
                 below_ms: high_water_ms,
                 lease: None,
             }
-            .write(&self.ceiling_file),
-            false => std::fs::remove_file(&self.ceiling_file),
+            .write(file),
+            false => remove(file),
         };
         if let Err(error) = lowered {
             log!(
@@ -699,9 +736,9 @@ impl LeaseWorker {
 impl LeaseWorker {
     /// The ceiling file as messages name it: in the data directory by its name alone.
     fn ceiling_name(&self) -> String {
-        match self.registry.is_local() {
-            true => ceiling::FILE_NAME.into(),
-            false => self.ceiling_file.display().to_string(),
+        match (self.registry.is_local(), &self.ceiling_file) {
+            (false, Some(file)) => file.display().to_string(),
+            _ => ceiling::FILE_NAME.into(),
         }
     }
 }
@@ -711,6 +748,14 @@ fn ceiling_policy() -> ceiling::Policy {
     ceiling::Policy {
         lead_ms: CEILING_LEAD.as_millis() as u64,
         refresh_below_ms: Timing::ceiling_refresh_below().as_millis() as u64,
+    }
+}
+
+/// Removes `file`, which may be gone already.
+fn remove(file: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(file) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
     }
 }
 

@@ -205,9 +205,11 @@ pub fn floor_of_grant(granted: &Granted, past: &OwnPast) -> Option<u64> {
     if past.shared_registry {
         // The registry's mark covers the ids of every holder, this server's earlier runs and other
         // copies of it included; only the run before, whose lease this run carries on, is bounded
-        // more closely: gone, it issued below its ceiling.
+        // more closely: gone, it issued below its ceiling and its mark alike. A new run starts
+        // above its run before's ceiling too, should the registry have lost a mark.
         return Some(match past.ceiling_ms {
-            Some(ceiling) if carries_on(granted, past.carried) => ceiling,
+            Some(ceiling) if carries_on(granted, past.carried) => ceiling.min(mark_ms),
+            Some(ceiling) if past.applied_tenure.is_none() => ceiling.max(mark_ms),
             _ => mark_ms,
         });
     }
@@ -465,8 +467,15 @@ mod tests {
             floor_of_grant(&grant(true, true), &shared(8, MARK - 1)),
             Some(MARK)
         );
-        // A new run that took the row once the lease of the run before ran out: a copy of the
-        // whole disk would find the same ceiling, so above the mark.
+        // Carried on after the clock ran far ahead and came back: the mark bounds that run's ids
+        // more closely than its ceiling.
+        let far_ahead = OwnPast {
+            ceiling_ms: Some(MARK + 3_600_000),
+            ..shared(8, MARK)
+        };
+        assert_eq!(floor_of_grant(&grant(true, true), &far_ahead), Some(MARK));
+        // A new run that took the row once the lease of the run before ran out: above the mark,
+        // and above its run before's ceiling, should the registry have lost the mark.
         let not_carried = OwnPast {
             carried: None,
             ..shared(8, MARK)
@@ -479,6 +488,11 @@ mod tests {
             floor_of_grant(&grant(true, false), &shared(8, MARK)),
             Some(MARK)
         );
+        let mark_lost = Granted {
+            mark_ms: 0,
+            ..grant(false, false)
+        };
+        assert_eq!(floor_of_grant(&mark_lost, &not_carried), Some(CEILING));
         // A holder that puts back, by its word, the lease a registry lost: the mark covers every
         // other holder's ids, and its own are in its generator already, however far its ceiling
         // runs ahead (to the reservation, while the claim waited).

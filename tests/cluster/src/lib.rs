@@ -988,12 +988,11 @@ impl Drop for Cluster {
             .args(["-D", &self.data(), "-m", "immediate", "stop"])
             .output();
         // The ceiling that a node of a shared registry or etcd keeps in memory for the boot.
-        if let Some(prefix) = self.system_identifier().map(|id| format!("snowid-{id}-")) {
-            for entry in fs::read_dir("/dev/shm").into_iter().flatten().flatten() {
-                if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                    let _ = fs::remove_file(entry.path());
-                }
-            }
+        for file in self
+            .system_identifier()
+            .map_or(vec![], |id| memory_ceilings(&id))
+        {
+            let _ = fs::remove_file(file);
         }
         let _ = fs::remove_dir_all(&self.dir);
     }
@@ -1006,10 +1005,12 @@ impl Cluster {
             .arg(self.data())
             .output()
             .ok()?;
-        String::from_utf8_lossy(&output.stdout).lines().find_map(|line| {
-            let id = line.strip_prefix("Database system identifier:")?.trim();
-            Some(id.to_string())
-        })
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .find_map(|line| {
+                let id = line.strip_prefix("Database system identifier:")?.trim();
+                Some(id.to_string())
+            })
     }
 }
 
@@ -1637,8 +1638,8 @@ pub fn watch_conflict_refusals(
 }
 
 /// The ceiling file of `cluster`'s server: in its data directory with the lease table on the
-/// server; with a shared registry or etcd (`shared`), in `/dev/shm`, named for the holder, which
-/// begins with the server's system identifier.
+/// server; with a shared registry or etcd (`shared`), in the server's own directory in `/dev/shm`,
+/// named for the holder, which begins with the server's system identifier.
 pub fn ceiling_file(cluster: &Cluster, shared: bool) -> PathBuf {
     if !shared {
         return cluster.dir().join("data/snowid.ceiling");
@@ -1647,17 +1648,34 @@ pub fn ceiling_file(cluster: &Cluster, shared: bool) -> PathBuf {
         &mut cluster.connect(),
         "SELECT system_identifier::text FROM pg_control_system()",
     );
-    let prefix = format!("snowid-{system_identifier}-");
-    let found: Vec<PathBuf> = fs::read_dir("/dev/shm")
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
+    let found = memory_ceilings(&system_identifier);
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.into_iter().next().unwrap()
+}
+
+/// The ceilings that servers of `system_identifier` keep in memory (`/dev/shm/snowid-UID/HOLDER.ceiling`).
+fn memory_ceilings(system_identifier: &str) -> Vec<PathBuf> {
+    let prefix = format!("{system_identifier}-");
+    let directories = fs::read_dir("/dev/shm").into_iter().flatten().flatten();
+    directories
+        .filter(|directory| {
+            directory
+                .file_name()
+                .to_string_lossy()
+                .starts_with("snowid-")
+        })
+        .flat_map(|directory| {
+            fs::read_dir(directory.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|entry| entry.path())
         .filter(|path| {
             let name = path.file_name().unwrap().to_string_lossy();
             name.starts_with(&prefix) && name.ends_with(".ceiling")
         })
-        .collect();
-    assert_eq!(found.len(), 1, "{found:?}");
-    found.into_iter().next().unwrap()
+        .collect()
 }
 
 /// The millisecond (since snowid's epoch) below which the ceiling in `file` lets ids pass.

@@ -14,10 +14,10 @@ use snowid_cluster_tests::loss::{
 };
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    assert_a_crash_restart, assert_fenced_off_then_taken,
-    calls_during, distinct_ids, give_to_postgres, increasing_ids, lease_worker_pid, next_id,
-    next_id_once_issuing, query_value, remove_unless_failed, signal, wait_every, wait_for,
-    wait_for_lease_state, watch_conflict_refusals, Node, WhileDown,
+    assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, distinct_ids,
+    give_to_postgres, increasing_ids, lease_worker_pid, next_id, next_id_once_issuing, query_value,
+    remove_unless_failed, signal, wait_every, wait_for, wait_for_lease_state,
+    watch_conflict_refusals, Node, WhileDown,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;

@@ -34,10 +34,10 @@ use postgres::Client;
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of, worker_of};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    assert_a_crash_restart, assert_fenced_off_then_taken,
-    calls_during, calls_every, calls_until_issuing, distinct_ids, error_text, give_to_postgres,
-    increasing_ids, query_pair, query_value, signal_all, wait_for, wait_for_lease_state,
-    watch_conflict_refusals, Call, Cluster, Node, WhileDown, NEW_REGISTRY,
+    assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, calls_every,
+    calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids, query_pair,
+    query_value, signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call,
+    Cluster, Node, WhileDown, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -210,7 +210,10 @@ fn a_crash_restart_after_a_copy_of_its_run_claimed_waits_for_that_copys_lease() 
     let copy = Box::new(move || {
         let (holder, incarnation, name, _, _, _) = lease_row(&mut admin, 2);
         let copy = admin
-            .query_one(COPY_CLAIM, &[&2i32, &holder, &incarnation, &name, &30_000i64])
+            .query_one(
+                COPY_CLAIM,
+                &[&2i32, &holder, &incarnation, &name, &30_000i64],
+            )
             .unwrap();
         assert_eq!(
             (copy.get(0), copy.get(1), copy.get(2)),
@@ -1250,7 +1253,10 @@ fn a_copy_of_a_holders_memory_that_claims_its_lease_fences_the_holder_off() {
                 .batch_execute("LOCK TABLE snowid.worker_lease IN SHARE ROW EXCLUSIVE MODE")
                 .unwrap();
             let copy = copying
-                .query_one(COPY_CLAIM, &[&4i32, &holder_id, &incarnation, &name, &6000i64])
+                .query_one(
+                    COPY_CLAIM,
+                    &[&4i32, &holder_id, &incarnation, &name, &6000i64],
+                )
                 .unwrap();
             copying.commit().unwrap();
             let copied_at = started.elapsed();
