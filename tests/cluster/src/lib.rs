@@ -987,30 +987,27 @@ impl Drop for Cluster {
             .arg(self.bindir.join("pg_ctl"))
             .args(["-D", &self.data(), "-m", "immediate", "stop"])
             .output();
-        // The ceiling that a node of a shared registry or etcd keeps in memory for the boot.
-        for file in self
-            .system_identifier()
-            .map_or(vec![], |id| memory_ceilings(&id))
-        {
-            let _ = fs::remove_file(file);
-        }
+        remove_memory_ceilings(&self.bindir, Path::new(&self.data()));
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
-impl Cluster {
-    /// The server's system identifier, from its control file.
-    fn system_identifier(&self) -> Option<String> {
-        let output = Command::new(self.bindir.join("pg_controldata"))
-            .arg(self.data())
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .find_map(|line| {
-                let id = line.strip_prefix("Database system identifier:")?.trim();
-                Some(id.to_string())
-            })
+/// Removes the ceilings that the server of data directory `data` (its programs in `bindir`),
+/// stopped, kept in memory for the boot as a node of a shared registry or etcd: those of its system
+/// identifier.
+pub fn remove_memory_ceilings(bindir: &Path, data: &Path) {
+    let Ok(output) = Command::new(bindir.join("pg_controldata"))
+        .arg(data)
+        .output()
+    else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let system_identifier = text
+        .lines()
+        .find_map(|line| line.strip_prefix("Database system identifier:"));
+    for file in system_identifier.map_or(vec![], |id| memory_ceilings(id.trim())) {
+        let _ = fs::remove_file(file);
     }
 }
 

@@ -359,6 +359,8 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop_for_good();
+        let bindir = PathBuf::from(pg_config("--bindir"));
+        crate::remove_memory_ceilings(&bindir, &self.dir.join("data"));
     }
 }
 
