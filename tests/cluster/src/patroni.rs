@@ -305,6 +305,9 @@ impl Node {
         for pid in processes {
             signal_if_it_exists(pid, "-KILL");
         }
+        // Before the cluster's directory goes (see `PatroniCluster`'s drop).
+        let bindir = PathBuf::from(pg_config("--bindir"));
+        crate::remove_memory_ceilings(&bindir, &self.dir.join("data"));
     }
 
     pub fn psql(&self, sql: &str) -> Result<String, String> {
@@ -359,8 +362,6 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop_for_good();
-        let bindir = PathBuf::from(pg_config("--bindir"));
-        crate::remove_memory_ceilings(&bindir, &self.dir.join("data"));
     }
 }
 
