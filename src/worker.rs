@@ -684,6 +684,14 @@ impl LeaseWorker {
             .open_gate(&grant(held, reserved, moves_up_to, floor_ms));
     }
 
+    /// The ceiling file as messages name it: in the data directory by its name alone.
+    fn ceiling_name(&self) -> String {
+        match (self.registry.is_local(), &self.ceiling_file) {
+            (false, Some(file)) => file.display().to_string(),
+            _ => ceiling::FILE_NAME.into(),
+        }
+    }
+
     /// Releases the lease held (or the one a predecessor held, before this worker heard from the
     /// registry), with `high_water_ms` above every id issued, and lowers the ceiling to it: the
     /// next run of this server takes the row back at once, starting there.
@@ -729,16 +737,6 @@ impl LeaseWorker {
                 "snowid lease worker could not lower the ceiling in {}: {error}",
                 self.ceiling_name()
             );
-        }
-    }
-}
-
-impl LeaseWorker {
-    /// The ceiling file as messages name it: in the data directory by its name alone.
-    fn ceiling_name(&self) -> String {
-        match (self.registry.is_local(), &self.ceiling_file) {
-            (false, Some(file)) => file.display().to_string(),
-            _ => ceiling::FILE_NAME.into(),
         }
     }
 }
