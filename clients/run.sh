@@ -16,6 +16,7 @@ CARGO_TARGET_DIR="$target/rust" cargo build --quiet --locked --manifest-path "$c
 
 "$target/venv/bin/python" "$clients/python/psycopg_example.py"
 "$target/venv/bin/python" "$clients/python/sqlalchemy_example.py"
+"$target/venv/bin/python" "$clients/python/retry_example.py"
 node "$clients/node/example.mjs"
 "$target/rust/debug/snowid-rust-example"
-echo "run.sh: all four examples passed"
+echo "run.sh: all five examples passed"

@@ -1,11 +1,10 @@
 //! The SQL functions: thin wrappers over `layout`, `base32`, `generator` and `refusals`.
 
 use crate::clock::{Clock, SystemClock};
-use crate::errors::SnowidError;
+use crate::errors::{Circumstances, SnowidError};
 use crate::generator::{IssuingState, StampRun, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
-use crate::refusals::Refusal;
-use crate::refusals::{Attempt, Reason};
+use crate::refusals::{Attempt, Reason, Refusal};
 use crate::{base32, gucs, registry, server, shmem};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,19 +40,15 @@ impl Issuer {
         let Some(state) = shmem::issuing_state() else {
             // No shared memory to count in: the server log hears of it once from each session.
             let first = !NOT_PRELOADED_LOGGED.swap(true, Ordering::Relaxed);
-            SnowidError::NotPreloaded.raise_refusal(function, first)
+            SnowidError::NotPreloaded.raise_refusal(function, first, Circumstances::default())
         };
         let issuer = Issuer { state, function };
         let attempt = state.refusals().attempt();
         if gucs::any_worker_id_without_registry() {
-            issuer.refuse(
-                Reason::NotConfigured,
-                SnowidError::AnyWorkerIdWithoutRegistry,
-                attempt,
-            )
+            issuer.refuse(SnowidError::AnyWorkerIdWithoutRegistry, attempt)
         }
         if !gucs::leases_a_worker_id() {
-            issuer.refuse(Reason::NotConfigured, SnowidError::WorkerIdUnset, attempt)
+            issuer.refuse(SnowidError::WorkerIdUnset, attempt)
         }
         issuer
     }
@@ -81,25 +76,26 @@ impl Issuer {
                 run
             }
             Err(refusal) => {
-                let in_recovery = refusal == Refusal::NotLeased && server::in_recovery();
-                let reason = Reason::of(refusal, in_recovery, shmem::lease_status().state);
-                let error = if in_recovery {
+                let error = if refusal == Refusal::NotLeased && server::in_recovery() {
                     SnowidError::InRecovery
                 } else {
                     SnowidError::Refused(refusal)
                 };
-                self.refuse(reason, error, attempt)
+                self.refuse(error, attempt)
             }
         }
     }
 
-    /// Counts a refused call and raises `error`, with a WARNING when it begins an episode.
-    fn refuse(&self, reason: Reason, error: SnowidError, attempt: Attempt) -> ! {
+    /// Counts a refused call and raises `error`, with a WARNING when it begins an episode; its
+    /// reason, its SQLSTATE and its words all follow one reading of the lease status.
+    fn refuse(&self, error: SnowidError, attempt: Attempt) -> ! {
+        let at = Circumstances::now();
+        let reason = error.reason(&at.status).expect("a refusal has a reason");
         let begins_episode = self
             .state
             .refusals()
             .refused(reason, attempt, monotonic_ms());
-        error.raise_refusal(self.function, begins_episode)
+        error.raise_refusal(self.function, begins_episode, at)
     }
 }
 

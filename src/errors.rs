@@ -1,9 +1,12 @@
 //! Every error snowid raises: its SQLSTATE, message, detail and hint, in one place.
 //!
-//! Two SQLSTATE classes tell the caller what to do:
-//! - class 55, `55000` object_not_in_prerequisite_state: snowid cannot issue on this server right
-//!   now (not preloaded, no worker id, no lease, clock behind). The input was fine; retry once the cause named
-//!   in the message is gone.
+//! The SQLSTATE tells the caller what to do (docs/functions.md#errors has the table):
+//! - `40001` serialization_failure: a refusal that ends by itself (the lease being claimed, the
+//!   clock waited out, the registry settling or unreachable). Retry the transaction, as clients,
+//!   pools and `pgbench --max-tries` already do for this code.
+//! - `55000` object_not_in_prerequisite_state: a refusal that needs an operator (not preloaded, no
+//!   worker id, the worker id held by another server, a clock outside the layout). Retrying
+//!   does not help until someone acts.
 //! - `25006` read_only_sql_transaction: the server is a standby (in recovery) and issues nothing
 //!   until promoted, as PostgreSQL answers `nextval()` there.
 //! - `57P01` admin_shutdown, FATAL: the postmaster has exited, and the session ends, as PostgreSQL
@@ -14,7 +17,7 @@
 use crate::base32::{self, InvalidBase32};
 use crate::clock::{Clock, SystemClock};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
-use crate::refusals::Refusal;
+use crate::refusals::{Reason, Refusal};
 use crate::{gucs, lease, shmem};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
@@ -48,10 +51,15 @@ impl SnowidError {
         unreachable!("a FATAL report does not return")
     }
 
-    /// Raises a refusal; when it begins an episode of refusals, the server log gets its message
-    /// as a WARNING first.
-    pub fn raise_refusal(self, function: &'static str, begins_episode: bool) -> ! {
-        let report = self.report(function);
+    /// Raises a refusal, worded for `at`; when it begins an episode of refusals, the server log
+    /// gets its message as a WARNING first.
+    pub fn raise_refusal(
+        self,
+        function: &'static str,
+        begins_episode: bool,
+        at: Circumstances,
+    ) -> ! {
+        let report = self.report_at(function, || at);
         if begins_episode {
             pgrx::warning!("{}", report.message());
         }
@@ -63,6 +71,19 @@ impl SnowidError {
         self.report_at(function, Circumstances::now)
     }
 
+    /// Why a call was refused, counted in `snowid_refusals()`, with the lease in `status`; None
+    /// for an error that is no refusal.
+    pub fn reason(&self, status: &lease::Status) -> Option<Reason> {
+        match self {
+            SnowidError::NotPreloaded
+            | SnowidError::WorkerIdUnset
+            | SnowidError::AnyWorkerIdWithoutRegistry => Some(Reason::NotConfigured),
+            SnowidError::InRecovery => Some(Reason::InRecovery),
+            SnowidError::Refused(refusal) => Some(Reason::of(*refusal, false, status)),
+            _ => None,
+        }
+    }
+
     /// The report as `circumstances` would word it; only refusals read them.
     pub(crate) fn report_at(
         self,
@@ -72,7 +93,7 @@ impl SnowidError {
         use PgSqlErrorCode::*;
         match self {
             SnowidError::NotPreloaded => ErrorReport::new(
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                refusal_sqlstate(Reason::NotConfigured),
                 "snowid must be loaded via shared_preload_libraries",
                 function,
             )
@@ -80,7 +101,7 @@ impl SnowidError {
                 "Add snowid to shared_preload_libraries in postgresql.conf and restart the server.",
             ),
             SnowidError::WorkerIdUnset => ErrorReport::new(
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                refusal_sqlstate(Reason::NotConfigured),
                 "snowid.worker_id is not set",
                 function,
             )
@@ -89,84 +110,19 @@ impl SnowidError {
                 "Choose a worker id from 0 to {MAX_WORKER_ID} that no other server uses, set snowid.worker_id for this server alone, in a configuration file outside its data directory (not with ALTER SYSTEM: standbys copy the data directory), and restart the server."
             )),
             SnowidError::AnyWorkerIdWithoutRegistry => ErrorReport::new(
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                refusal_sqlstate(Reason::NotConfigured),
                 "snowid.any_worker_id needs a shared registry in snowid.registry",
                 function,
             )
             .set_detail("With the lease table on this server, every copy of it would pick the same free worker id.")
             .set_hint("Set snowid.worker_id, or name the fleet's registry in snowid.registry, and restart the server."),
             SnowidError::InRecovery => ErrorReport::new(
-                ERRCODE_READ_ONLY_SQL_TRANSACTION,
+                refusal_sqlstate(Reason::InRecovery),
                 "snowid cannot issue ids on a server in recovery",
                 function,
             )
             .set_hint("Make ids on the primary; once this server is promoted it issues as soon as it holds the lease."),
-            SnowidError::Refused(Refusal::NotLeased) => {
-                let at = circumstances();
-                let status = at.status;
-                let worker_id = status.named_worker_id().or(at.configured_worker_id);
-                let report = ErrorReport::new(
-                    ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                    format!(
-                        "snowid refuses to issue ids: {}",
-                        lease::refusal_reason(&status, worker_id, at.monotonic_ns)
-                    ),
-                    function,
-                )
-                .set_hint(lease::refusal_hint(&status, worker_id));
-                match lease::refusal_detail(&status) {
-                    Some(detail) => report.set_detail(detail),
-                    None => report,
-                }
-            }
-            SnowidError::Refused(Refusal::BoundReached) => {
-                let at = circumstances();
-                ErrorReport::new(
-                    ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                    format!(
-                        "snowid refuses to issue ids: {}",
-                        lease::bound_reason(&at.status, at.status.worker_id.or(at.configured_worker_id))
-                    ),
-                    function,
-                )
-                .set_hint("Issuing resumes by itself once the lease worker records a new bound; snowid_status() and the server log say more.")
-            }
-            SnowidError::Refused(Refusal::ClockBehind { by_ms }) => clock_refusal(
-                format!(": the system clock is {by_ms} ms behind the ids already issued for this worker id"),
-                "The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.",
-                "Retry once the clock has caught up; check the server's time synchronisation.",
-                function,
-            ),
-            SnowidError::Refused(Refusal::BelowFloor { by_ms }) => {
-                let at = circumstances();
-                let worker_id = at.status.worker_id.or(at.configured_worker_id).map_or(String::new(), |id| format!(" {id}"));
-                let reach = crate::clock::format_unix_ms(at.unix_ms + by_ms as i64);
-                clock_refusal(
-                    format!(" for another {by_ms} ms: this server has just taken the lease on worker id{worker_id}, and ids issued before under it reach {reach}"),
-                    "This server issues only above every id issued before under its worker id, by itself before a restart or crash or by the server that held the worker id before it.",
-                    "Retry once that time has passed. A wait of more than a second or two means this server's clock is behind the previous holder's: check its time synchronisation.",
-                    function,
-                )
-            }
-            SnowidError::Refused(Refusal::ClockStalled { waited_ms }) => clock_refusal(
-                format!(": the system clock has not moved for {waited_ms} ms"),
-                "All ids of the clock's current millisecond are used; snowid waits for the next one only so long.",
-                "Retry; check the server's system clock.",
-                function,
-            ),
-            SnowidError::Refused(Refusal::ClockOutOfRange(range)) => ErrorReport::new(
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                match range {
-                    TimestampOutOfRange::BeforeEpoch => {
-                        "snowid refuses to issue ids: the system clock reads a time before 2026-01-01"
-                    }
-                    TimestampOutOfRange::AfterLastMillisecond => {
-                        "snowid refuses to issue ids: the system clock reads a time after 2095-09-07 15:47:35.551 UTC, the last the id layout can hold"
-                    }
-                },
-                function,
-            )
-            .set_hint("Check the server's system clock."),
+            SnowidError::Refused(refusal) => refusal_report(refusal, circumstances(), function),
             SnowidError::NegativeId(NegativeId(id)) => ErrorReport::new(
                 ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("{id} is not a snowid id: ids are never negative"),
@@ -235,8 +191,92 @@ impl SnowidError {
     }
 }
 
+/// A refusal's report, worded for `at`, with the SQLSTATE of its reason.
+fn refusal_report(refusal: Refusal, at: Circumstances, function: &'static str) -> ErrorReport {
+    let code = refusal_sqlstate(Reason::of(refusal, false, &at.status));
+    match refusal {
+        Refusal::NotLeased => {
+            let status = at.status;
+            let worker_id = status.named_worker_id().or(at.configured_worker_id);
+            let report = ErrorReport::new(
+                code,
+                format!(
+                    "snowid refuses to issue ids: {}",
+                    lease::refusal_reason(&status, worker_id, at.monotonic_ns)
+                ),
+                function,
+            )
+            .set_hint(lease::refusal_hint(&status, worker_id));
+            match lease::refusal_detail(&status) {
+                Some(detail) => report.set_detail(detail),
+                None => report,
+            }
+        }
+        Refusal::BoundReached => {
+            ErrorReport::new(
+                code,
+                format!(
+                    "snowid refuses to issue ids: {}",
+                    lease::bound_reason(&at.status, at.status.worker_id.or(at.configured_worker_id))
+                ),
+                function,
+            )
+            .set_hint("Issuing resumes by itself once the lease worker records a new bound; snowid_status() and the server log say more.")
+        }
+        Refusal::ClockBehind { by_ms } => clock_refusal(
+            code,
+            format!(": the system clock is {by_ms} ms behind the ids already issued for this worker id"),
+            "The clock stepped back further than snowid.max_clock_backward allows; issuing now could repeat an id.",
+            "Retry once the clock has caught up; check the server's time synchronisation.",
+            function,
+        ),
+        Refusal::BelowFloor { by_ms } => {
+            let worker_id = at.status.worker_id.or(at.configured_worker_id).map_or(String::new(), |id| format!(" {id}"));
+            let reach = crate::clock::format_unix_ms(at.unix_ms + by_ms as i64);
+            clock_refusal(
+                code,
+                format!(" for another {by_ms} ms: this server has just taken the lease on worker id{worker_id}, and ids issued before under it reach {reach}"),
+                "This server issues only above every id issued before under its worker id, by itself before a restart or crash or by the server that held the worker id before it.",
+                "Retry once that time has passed. A wait of more than a second or two means this server's clock is behind the previous holder's: check its time synchronisation.",
+                function,
+            )
+        }
+        Refusal::ClockStalled { waited_ms } => clock_refusal(
+            code,
+            format!(": the system clock has not moved for {waited_ms} ms"),
+            "All ids of the clock's current millisecond are used; snowid waits for the next one only so long.",
+            "Retry; check the server's system clock.",
+            function,
+        ),
+        Refusal::ClockOutOfRange(range) => ErrorReport::new(
+            code,
+            match range {
+                TimestampOutOfRange::BeforeEpoch => {
+                    "snowid refuses to issue ids: the system clock reads a time before 2026-01-01"
+                }
+                TimestampOutOfRange::AfterLastMillisecond => {
+                    "snowid refuses to issue ids: the system clock reads a time after 2095-09-07 15:47:35.551 UTC, the last the id layout can hold"
+                }
+            },
+            function,
+        )
+        .set_hint("Check the server's system clock."),
+    }
+}
+
+/// The SQLSTATE of a refusal for `reason` (see the module's comment).
+pub(crate) fn refusal_sqlstate(reason: Reason) -> PgSqlErrorCode {
+    match reason {
+        Reason::InRecovery => PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        reason if reason.ends_by_itself() => PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        _ => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+    }
+}
+
 /// What the words of a refusal depend on besides the refusal: the lease as the lease worker last
-/// recorded it, the worker id this server is configured with, and the clocks.
+/// recorded it, the worker id this server is configured with, and the clocks. The default: nothing
+/// known, as on a server that does not preload snowid.
+#[derive(Default)]
 pub(crate) struct Circumstances {
     pub status: lease::Status,
     pub configured_worker_id: Option<u16>,
@@ -246,7 +286,7 @@ pub(crate) struct Circumstances {
 
 impl Circumstances {
     /// As they are now; only a server that preloads snowid has them.
-    fn now() -> Circumstances {
+    pub fn now() -> Circumstances {
         Circumstances {
             status: shmem::lease_status(),
             configured_worker_id: gucs::worker_id(),
@@ -257,13 +297,15 @@ impl Circumstances {
 }
 
 /// A refusal caused by the clock.
-fn clock_refusal(cause: String, detail: &str, hint: &str, function: &'static str) -> ErrorReport {
+fn clock_refusal(
+    code: PgSqlErrorCode,
+    cause: String,
+    detail: &str,
+    hint: &str,
+    function: &'static str,
+) -> ErrorReport {
     let message = format!("snowid refuses to issue ids{cause}");
-    ErrorReport::new(
-        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        message,
-        function,
-    )
-    .set_detail(detail)
-    .set_hint(hint)
+    ErrorReport::new(code, message, function)
+        .set_detail(detail)
+        .set_hint(hint)
 }

@@ -1097,9 +1097,9 @@ mod tests {
         entries
     }
 
-    /// What a client is shown of `report`, raised at `level`.
+    /// What a client is shown of `report`, raised at `level`, with psql's `VERBOSITY verbose`.
     fn as_shown(level: &str, report: &pgrx::pg_sys::panic::ErrorReport) -> String {
-        let mut shown = format!("{level}:  {}\n", report.message());
+        let mut shown = format!("{level}:  {}: {}\n", sqlstate(report), report.message());
         if let Some(detail) = report.detail() {
             shown.push_str(&format!("DETAIL:  {detail}\n"));
         }
@@ -1107,6 +1107,53 @@ mod tests {
             shown.push_str(&format!("HINT:  {hint}\n"));
         }
         shown
+    }
+
+    /// The SQLSTATE of `report` as a client reads it: five characters.
+    fn sqlstate(report: &pgrx::pg_sys::panic::ErrorReport) -> String {
+        use pgrx::PgSqlErrorCode::*;
+        // A report shows its code by name; these are the ones a refusal can carry.
+        let code = [
+            ERRCODE_T_R_SERIALIZATION_FAILURE,
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            ERRCODE_ADMIN_SHUTDOWN,
+        ]
+        .into_iter()
+        .find(|code| report.to_string().starts_with(&format!("{code:?}: ")))
+        .unwrap_or_else(|| panic!("a refusal raised with another SQLSTATE: {report}"));
+        sqlstate_text(code)
+    }
+
+    fn sqlstate_text(code: pgrx::PgSqlErrorCode) -> String {
+        // PostgreSQL packs the five characters six bits each, the first lowest.
+        let packed = code as isize;
+        (0..5)
+            .map(|place| char::from(b'0' + ((packed >> (6 * place)) & 0x3f) as u8))
+            .collect()
+    }
+
+    #[pg_test]
+    fn docs_functions_gives_every_refusal_reason_its_sqlstate_and_whether_to_retry() {
+        use crate::errors::refusal_sqlstate;
+        use crate::refusals::Reason;
+        let documented: Vec<Vec<String>> =
+            table_rows(section(FUNCTIONS, "### Refusals: retry or call someone"))
+                .into_iter()
+                .map(|row| row[..3].to_vec())
+                .collect();
+        let actual: Vec<Vec<String>> = Reason::ALL
+            .iter()
+            .map(|&reason| {
+                let retry = if reason.ends_by_itself() { "yes" } else { "no" };
+                vec![
+                    reason.label().to_string(),
+                    sqlstate_text(refusal_sqlstate(reason)),
+                    retry.to_string(),
+                ]
+            })
+            .collect();
+        assert_eq!(documented, actual);
     }
 
     #[pg_test]
@@ -1228,14 +1275,7 @@ mod tests {
             } else {
                 "ERROR"
             };
-            reasons.extend(match &error {
-                SnowidError::Refused(refusal) => Some(Reason::of(*refusal, false, status.state)),
-                SnowidError::InRecovery => Some(Reason::InRecovery),
-                SnowidError::WorkerIdUnset | SnowidError::AnyWorkerIdWithoutRegistry => {
-                    Some(Reason::NotConfigured)
-                }
-                _ => None,
-            });
+            reasons.extend(error.reason(&status));
             let shown = as_shown(
                 level,
                 &error.report_at("snowid_next", || circumstances(status)),

@@ -3,11 +3,11 @@
 //! resumes, however many calls were refused between. Plain atomics, for shared memory.
 
 use crate::layout::TimestampOutOfRange;
-use crate::lease::State;
+use crate::lease::{State, Status};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Why no id can be issued now. Every refusal is temporary: retrying once the clock is right, or the
-/// lease is back, succeeds.
+/// Why no id can be issued now, as the generator finds it; the lease status tells which
+/// [`Reason`] it is, and the reason whether it ends by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// This server does not hold a lease on a worker id that lets it issue now: the gate is closed,
@@ -36,7 +36,14 @@ pub enum Reason {
     NotConfigured,
     InRecovery,
     NotAcquired,
+    /// Another server holds the worker id, a server this one may be a copy of does, or no worker
+    /// id is free.
     HeldByAnotherServer,
+    /// Another run of this server holds it under this server's own name: an earlier run whose lease
+    /// has not run out, or a copy that renews it.
+    HeldByAnotherRun,
+    /// The registry grants the worker id to no new holder until an epoch ends.
+    RegistrySettling,
     RegistryUnreachable,
     LeaseRanOut,
     Released,
@@ -48,11 +55,13 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 14] = [
         Reason::NotConfigured,
         Reason::InRecovery,
         Reason::NotAcquired,
         Reason::HeldByAnotherServer,
+        Reason::HeldByAnotherRun,
+        Reason::RegistrySettling,
         Reason::RegistryUnreachable,
         Reason::LeaseRanOut,
         Reason::Released,
@@ -69,6 +78,8 @@ impl Reason {
             Reason::InRecovery => "in_recovery",
             Reason::NotAcquired => "not_acquired",
             Reason::HeldByAnotherServer => "held_by_another_server",
+            Reason::HeldByAnotherRun => "held_by_another_run",
+            Reason::RegistrySettling => "registry_settling",
             Reason::RegistryUnreachable => "registry_unreachable",
             Reason::LeaseRanOut => "lease_ran_out",
             Reason::Released => "released",
@@ -80,14 +91,32 @@ impl Reason {
         }
     }
 
+    /// Whether a refusal for this reason ends without an operator, so that a client retries the
+    /// call: the lease is being claimed or renewed, the clock is waited out, the registry settles or
+    /// comes back. The others need someone to change a setting, the clock, or which server holds
+    /// the worker id (a standby's, to connect to the primary).
+    pub fn ends_by_itself(self) -> bool {
+        !matches!(
+            self,
+            Reason::NotConfigured
+                | Reason::InRecovery
+                | Reason::HeldByAnotherServer
+                | Reason::ClockOutOfRange
+        )
+    }
+
     /// The reason of a refusal by the generator, on a server `in_recovery` or not, whose lease
-    /// worker last recorded `state`.
-    pub fn of(refusal: Refusal, in_recovery: bool, state: State) -> Reason {
+    /// worker last recorded `status`.
+    pub fn of(refusal: Refusal, in_recovery: bool, status: &Status) -> Reason {
         match refusal {
             Refusal::NotLeased if in_recovery => Reason::InRecovery,
-            Refusal::NotLeased => match state {
+            Refusal::NotLeased => match status.state {
                 State::Starting => Reason::NotAcquired,
                 State::Held => Reason::LeaseRanOut,
+                State::HeldByOther if status.unsettled => Reason::RegistrySettling,
+                State::HeldByOther if status.own_name && !status.handover_needed => {
+                    Reason::HeldByAnotherRun
+                }
                 State::HeldByOther => Reason::HeldByAnotherServer,
                 State::RegistryUnreachable => Reason::RegistryUnreachable,
                 State::Released => Reason::Released,
@@ -251,35 +280,91 @@ mod tests {
         assert_eq!(refusals.calls(Reason::LeaseRanOut), 2, "both counted");
     }
 
+    fn in_state(state: State) -> Status {
+        Status {
+            state,
+            ..Status::default()
+        }
+    }
+
     #[test]
-    fn reasons_follow_the_refusal_and_the_lease_state() {
+    fn reasons_follow_the_refusal_and_the_lease_status() {
         assert_eq!(
-            Reason::of(Refusal::NotLeased, true, State::Starting),
+            Reason::of(Refusal::NotLeased, true, &in_state(State::Starting)),
             Reason::InRecovery
         );
-        let by_state = [
-            (State::Starting, Reason::NotAcquired),
-            (State::Held, Reason::LeaseRanOut),
-            (State::HeldByOther, Reason::HeldByAnotherServer),
-            (State::RegistryUnreachable, Reason::RegistryUnreachable),
-            (State::Released, Reason::Released),
+        let held_by_other = in_state(State::HeldByOther);
+        let by_status = [
+            (in_state(State::Starting), Reason::NotAcquired),
+            (in_state(State::Held), Reason::LeaseRanOut),
+            (held_by_other, Reason::HeldByAnotherServer),
+            (
+                Status {
+                    own_name: true,
+                    ..held_by_other
+                },
+                Reason::HeldByAnotherRun,
+            ),
+            // A server this one may be a copy of, under its own name: only a handover frees it.
+            (
+                Status {
+                    own_name: true,
+                    handover_needed: true,
+                    ..held_by_other
+                },
+                Reason::HeldByAnotherServer,
+            ),
+            (
+                Status {
+                    own_name: true,
+                    unsettled: true,
+                    ..held_by_other
+                },
+                Reason::RegistrySettling,
+            ),
+            (
+                in_state(State::RegistryUnreachable),
+                Reason::RegistryUnreachable,
+            ),
+            (in_state(State::Released), Reason::Released),
         ];
-        for (state, reason) in by_state {
-            assert_eq!(Reason::of(Refusal::NotLeased, false, state), reason);
+        for (status, reason) in by_status {
+            assert_eq!(Reason::of(Refusal::NotLeased, false, &status), reason);
         }
         assert_eq!(
-            Reason::of(Refusal::ClockBehind { by_ms: 7 }, true, State::Held),
+            Reason::of(
+                Refusal::ClockBehind { by_ms: 7 },
+                true,
+                &in_state(State::Held)
+            ),
             Reason::ClockBehind
         );
         assert_eq!(
-            Reason::of(Refusal::BoundReached, false, State::Held),
+            Reason::of(Refusal::BoundReached, false, &in_state(State::Held)),
             Reason::BoundReached
         );
         let labels: Vec<&str> = Reason::ALL.iter().map(|reason| reason.label()).collect();
-        assert_eq!(labels.len(), 12);
+        assert_eq!(labels.len(), 14);
         assert!(Reason::ALL
             .iter()
             .enumerate()
             .all(|(index, &reason)| reason as usize == index));
+    }
+
+    #[test]
+    fn only_a_setting_a_standby_another_holder_or_a_clock_out_of_range_needs_an_operator() {
+        let for_an_operator: Vec<Reason> = Reason::ALL
+            .into_iter()
+            .filter(|reason| !reason.ends_by_itself())
+            .collect();
+        assert_eq!(
+            for_an_operator,
+            [
+                Reason::NotConfigured,
+                Reason::InRecovery,
+                Reason::HeldByAnotherServer,
+                Reason::ClockOutOfRange
+            ]
+        );
     }
 }

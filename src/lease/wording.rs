@@ -143,11 +143,20 @@ pub fn refusal_hint(status: &Status, worker_id: Option<u16>) -> String {
             "Give this server another snowid.worker_id and restart it, or, once {} is stopped for good, run SELECT snowid_handover({worker_id}) on this server.",
             status.holder.as_str()
         ),
+        (State::HeldByOther, _) if status.unsettled => RESUMES_ONCE_HELD.into(),
         (State::HeldByOther, Some(_)) if status.own_name => "An earlier run's lease runs out by itself, and issuing resumes then. If it is renewed past that time, a copy of this server runs beside it: give one of the two another snowid.worker_id and restart it.".into(),
+        (State::HeldByOther, Some(_)) => format!(
+            "Two servers are configured with this worker id: give one of them another snowid.worker_id and restart it. If {} is gone for good, this server takes the worker id when its lease runs out.",
+            status.holder.as_str()
+        ),
+        (State::HeldByOther, None) => "Every worker id is leased: stop servers the fleet no longer needs; this server takes a worker id once one is free.".into(),
         (State::Held, _) => "The lease worker is held up (stopped, or starved of CPU or disk); issuing resumes by itself once it renews the lease. The server log says more.".into(),
-        _ => "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.".into(),
+        _ => RESUMES_ONCE_HELD.into(),
     }
 }
+
+const RESUMES_ONCE_HELD: &str =
+    "Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more.";
 
 /// Why a registry cannot be used: `place` (a database) lacks the extension's lease functions.
 pub fn not_installed(place: &str) -> String {
@@ -216,6 +225,10 @@ mod tests {
         assert_eq!(reasons(&status), [
             "worker id 7 is leased by another server, node-a (127.0.0.1:5433), until 2026-11-29 12:00:00.123 UTC",
             "no worker id is free: every one of the 1024 is leased by another server",
+        ]);
+        assert_eq!([refusal_hint(&status, Some(7)), refusal_hint(&status, None)], [
+            "Two servers are configured with this worker id: give one of them another snowid.worker_id and restart it. If node-a (127.0.0.1:5433) is gone for good, this server takes the worker id when its lease runs out.",
+            "Every worker id is leased: stop servers the fleet no longer needs; this server takes a worker id once one is free.",
         ]);
         status.state = State::RegistryUnreachable;
         status.unreachable_since = 1_795_953_600_000;

@@ -1187,7 +1187,7 @@ pub fn wait_every(
 /// refusal must be the documented one.
 pub fn clock_behind_ms(refusal: &str) -> u64 {
     let behind = refusal
-        .strip_prefix("55000: snowid refuses to issue ids: the system clock is ")
+        .strip_prefix("40001: snowid refuses to issue ids: the system clock is ")
         .and_then(|rest| {
             rest.strip_suffix(
             " ms behind the ids already issued for this worker id HINT: Retry once the clock has \
@@ -1204,7 +1204,7 @@ pub fn clock_behind_ms(refusal: &str) -> u64 {
 /// with the time the earlier ids reach as `2026-11-30 12:00:01.234 UTC`.
 pub fn new_holder_wait_ms(refusal: &str, worker_id: u16) -> u64 {
     let parsed = refusal
-        .strip_prefix("55000: snowid refuses to issue ids for another ")
+        .strip_prefix("40001: snowid refuses to issue ids for another ")
         .and_then(|rest| {
             rest.split_once(&format!(
                 " ms: this server has just taken the lease on worker id {worker_id}, and ids \
@@ -1752,7 +1752,7 @@ pub fn assert_a_crash_restart(node: &Node, while_down: WhileDown) -> Duration {
         |refusal| {
             refusal.contains(&earlier_run)
                 || refusal.contains("is not acquired yet")
-                || refusal.starts_with("55000: snowid refuses to issue ids for another ")
+                || refusal.starts_with("40001: snowid refuses to issue ids for another ")
         },
     );
     let waited = accepting.elapsed();

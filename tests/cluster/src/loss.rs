@@ -173,7 +173,14 @@ impl LossRun {
                      another server, {}, until ",
                         node.holder_name()
                     ))
-                    .is_some_and(|rest| rest.ends_with(&format!(" UTC HINT: {RESUMES_BY_ITSELF}")))
+                    .is_some_and(|rest| {
+                        rest.ends_with(&format!(
+                            " UTC HINT: Two servers are configured with this worker id: give one of \
+                             them another snowid.worker_id and restart it. If {} is gone for good, \
+                             this server takes the worker id when its lease runs out.",
+                            node.holder_name()
+                        ))
+                    })
             })
     }
 }
@@ -185,17 +192,13 @@ fn worker_of_next_id(client: &mut Client) -> i64 {
 /// The refusal of a server that leases any worker id while the registry may have lost the lease of
 /// the one it picked, the time replaced as in [`LossRun::newcomer_refusals`].
 pub const UNSETTLED: &str =
-    "55000: snowid refuses to issue ids: a worker id is not granted before \
+    "40001: snowid refuses to issue ids: a worker id is not granted before \
     TIME UTC: the registry may have lost the lease of a server that holds it (it was restarted, \
     restored or rewritten), and grants it to no new holder until every lease it may have lost has \
     run out HINT: Issuing resumes by itself once this server holds the lease; snowid_status() and \
     the server log say more.";
 
 /// The refusal of a server whose lease worker has not had its first answer yet.
-pub const NOT_ACQUIRED: &str = "55000: snowid refuses to issue ids: the lease on a worker id is \
+pub const NOT_ACQUIRED: &str = "40001: snowid refuses to issue ids: the lease on a worker id is \
     not acquired yet HINT: Issuing resumes by itself once this server holds the lease; \
-    snowid_status() and the server log say more.";
-
-/// The hint of a refusal that ends without anyone's help.
-const RESUMES_BY_ITSELF: &str = "Issuing resumes by itself once this server holds the lease; \
     snowid_status() and the server log say more.";

@@ -73,7 +73,7 @@ fn small_steps_back_are_waited_out_and_large_ones_refused_until_the_clock_return
     let text = error_text(&error);
     assert!((9_900..=10_000).contains(&clock_behind_ms(&text)), "{text}");
     let again = client.query_one("SELECT snowid_next()", &[]).unwrap_err();
-    assert!(error_text(&again).starts_with("55000: snowid refuses to issue ids"));
+    assert!(error_text(&again).starts_with("40001: snowid refuses to issue ids"));
     assert_eq!(counters(&mut client), (1, 2));
     assert!(cluster
         .log()
@@ -102,7 +102,7 @@ fn max_clock_backward_takes_effect_on_reload() {
     let mut client = cluster.connect();
     let error = step_then_next(&mut client, &cluster.clock_offset_file(), "-0.050").unwrap_err();
     assert!(
-        error_text(&error).starts_with("55000: snowid refuses to issue ids: the system clock is ")
+        error_text(&error).starts_with("40001: snowid refuses to issue ids: the system clock is ")
     );
     assert_eq!(counters(&mut client), (0, 1));
 }

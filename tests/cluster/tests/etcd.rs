@@ -227,10 +227,13 @@ fn a_second_server_is_refused_naming_the_holder_and_takes_over_above_the_mark_on
         first.holder_name()
     );
     assert!(refusal.starts_with(&expected), "{refusal}");
-    assert!(
-        refusal.ends_with(" UTC HINT: Issuing resumes by itself once this server holds the lease; snowid_status() and the server log say more."),
-        "{refusal}"
+    let hint = format!(
+        " UTC HINT: Two servers are configured with this worker id: give one of them another \
+         snowid.worker_id and restart it. If {} is gone for good, this server takes the worker id \
+         when its lease runs out.",
+        first.holder_name()
     );
+    assert!(refusal.ends_with(&hint), "{refusal}");
 
     let mut first_client = first.cluster.connect();
     let mut ids: Vec<i64> = (0..50)
@@ -305,7 +308,7 @@ fn four_nodes_leasing_any_worker_id_take_the_lowest_free_ones() {
         &mut client,
         Duration::from_secs(3),
         Duration::from_millis(10),
-        |refusal| refusal.starts_with("55000: snowid refuses to issue ids for another "),
+        |refusal| refusal.starts_with("40001: snowid refuses to issue ids for another "),
     );
     assert_eq!(worker_of(id), 2);
     assert!(id > ids[crashed]);
@@ -671,7 +674,7 @@ fn with_every_member_frozen_past_the_lease_nodes_issue_until_their_deadline_then
     let refusal = first_refusal.result.as_ref().unwrap_err();
     assert!(
         refusal.starts_with(
-            "55000: snowid refuses to issue ids: the lease registry has been unreachable since "
+            "40001: snowid refuses to issue ids: the lease registry has been unreachable since "
         ) && refusal.contains(", and the lease on worker id 3 has run out: etcd member 127.0.0.1:")
             && refusal.contains(": no answer in time"),
         "{refusal}"
@@ -1041,7 +1044,7 @@ fn a_copy_of_a_node_holding_its_keys_is_named_and_never_taken_from() {
             etcd.etcdctl(&["lease", "keep-alive", "--once", &lease]);
         },
         |refusal| {
-            refusal.starts_with("55000: snowid refuses to issue ids: worker id 8 is leased until ")
+            refusal.starts_with("40001: snowid refuses to issue ids: worker id 8 is leased until ")
                 && refusal.contains(&conflict)
         },
     );

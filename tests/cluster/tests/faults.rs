@@ -243,10 +243,10 @@ fn wait_until_issuing(
 /// under it.
 fn is_waiting_refusal(refusal: &str) -> bool {
     let not_acquired = format!(
-        "55000: snowid refuses to issue ids: the lease on worker id {WORKER_ID} is not acquired yet"
+        "40001: snowid refuses to issue ids: the lease on worker id {WORKER_ID} is not acquired yet"
     );
     refusal.starts_with(&not_acquired)
-        || refusal.starts_with("55000: snowid refuses to issue ids for another ")
+        || refusal.starts_with("40001: snowid refuses to issue ids for another ")
             && new_holder_wait_ms(refusal, WORKER_ID) > 0
 }
 
@@ -402,7 +402,7 @@ fn a_standby_promoted_after_its_primary_crashed_issues_after_the_handover() {
     // The wait for the clock to pass the primary's ids is logged once, however often it refused.
     let waits_refused = refusals
         .iter()
-        .any(|refusal| refusal.starts_with("55000: snowid refuses to issue ids for another "));
+        .any(|refusal| refusal.starts_with("40001: snowid refuses to issue ids for another "));
     let waits_logged = standby
         .log()
         .matches("WARNING:  snowid refuses to issue ids for another ")
@@ -813,7 +813,7 @@ fn a_missing_lease_database_is_named_and_its_failed_connection_logged_once() {
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
     let expected = format!(
-        "55000: snowid refuses to issue ids: the lease on worker id {WORKER_ID} is not acquired \
+        "40001: snowid refuses to issue ids: the lease on worker id {WORKER_ID} is not acquired \
          yet: database \"ledger\" does not exist HINT: Issuing resumes by itself once this server \
          holds the lease; snowid_status() and the server log say more."
     );

@@ -1093,7 +1093,7 @@ fn a_node_acts_on_no_claim_before_the_registrys_synchronous_standby_has_it() {
             .take(3)
             .collect::<Vec<_>>(),
         [
-            "55000",
+            "40001",
             "snowid refuses to issue ids",
             "the lease on worker id 4 is not acquired yet"
         ]
@@ -1172,7 +1172,7 @@ fn two_servers_with_one_identity_never_take_the_lease_from_each_other() {
     assert!(clone_claims(&mut admin).0);
     original.cluster.start_again();
     let mut on_original = original.cluster.connect();
-    let expected = "55000: snowid refuses to issue ids: worker id 6 is leased until ";
+    let expected = "40001: snowid refuses to issue ids: worker id 6 is leased until ";
     let conflict = format!(
         " under this server's own name, {name}, by another run: an earlier run of this server, \
          or a copy of it (a cloned machine or disk) that renews the lease HINT: An earlier run's \

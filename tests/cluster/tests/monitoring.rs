@@ -148,7 +148,7 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
     primary.set_clock_offset("-10");
     let log_before = primary.log().len();
     let refusal = refuse(&mut client, 3);
-    assert!(refusal.starts_with("55000: snowid refuses to issue ids: the system clock is "));
+    assert!(refusal.starts_with("40001: snowid refuses to issue ids: the system clock is "));
     primary.set_clock_offset("+0");
     client.query_one("SELECT snowid_next()", &[]).unwrap();
     let warning = "WARNING:  snowid refuses to issue ids: the system clock is ";
@@ -237,7 +237,7 @@ fn a_lease_not_acquired_yet_logs_one_warning_and_a_line_when_issuing_begins() {
     let refusal = refuse(&mut app, 5);
     assert!(
         refusal.starts_with(
-            "55000: snowid refuses to issue ids: the lease on worker id 6 is not acquired yet"
+            "40001: snowid refuses to issue ids: the lease on worker id 6 is not acquired yet"
         ),
         "{refusal}"
     );

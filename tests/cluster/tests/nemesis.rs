@@ -131,7 +131,7 @@ fn good_history() -> Vec<Call> {
         refused(
             1,
             NOW_MS + 2,
-            "55000",
+            "40001",
             "snowid refuses to issue ids: the system clock is 40 ms behind the ids already issued for this worker id",
         ),
         Call {
@@ -152,7 +152,7 @@ fn a_good_history_passes_and_is_counted() {
     assert_eq!((verdict.calls, verdict.ids, verdict.unavailable), (7, 6, 1));
     assert_eq!(
         verdict.refusals.into_iter().collect::<Vec<_>>(),
-        [("clock behind the ids issued", 1)]
+        [(("40001", "clock behind the ids issued"), 1)]
     );
 }
 
@@ -227,18 +227,34 @@ fn only_refusals_snowid_documents_pass() {
     calls.push(refused(
         0,
         NOW_MS + 31,
+        "40001",
+        "snowid refuses to issue ids: the lease on worker id 2 is not acquired yet",
+    ));
+    // The message of a refusal that ends by itself, with the SQLSTATE of one that does not.
+    calls.push(refused(
+        1,
+        NOW_MS + 32,
         "55000",
         "snowid refuses to issue ids: the lease on worker id 2 is not acquired yet",
     ));
     let verdict = check(&calls, &[1, 2], &[], &[]);
-    assert_eq!(verdict.undocumented.count, 2, "{:?}", verdict.undocumented);
+    assert_eq!(verdict.undocumented.count, 3, "{:?}", verdict.undocumented);
     let wait = "snowid refuses to issue ids for another 120 ms: this server has just taken the \
                 lease on worker id 7, and ids issued before under it reach 2026-12-02 08:00:00.120 UTC";
     assert_eq!(
-        documented_refusal("55000", wait, 7),
-        Some("a new holder waits for earlier ids")
+        documented_refusal("40001", wait, 7),
+        Some(("40001", "a new holder waits for earlier ids"))
     );
-    assert_eq!(documented_refusal("55000", wait, 8), None);
+    assert_eq!(documented_refusal("40001", wait, 8), None);
+    assert_eq!(documented_refusal("55000", wait, 7), None);
+    let another =
+        "snowid refuses to issue ids: worker id 7 is leased by another server, n2@h2:5432, \
+                   until 2026-12-02 08:00:12.345 UTC";
+    assert_eq!(
+        documented_refusal("55000", another, 7),
+        Some(("55000", "leased by another server"))
+    );
+    assert_eq!(documented_refusal("40001", another, 7), None);
 }
 
 #[test]

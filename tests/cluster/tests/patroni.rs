@@ -419,7 +419,7 @@ fn one_worker_id_stall(
             // read-only where a session's transaction began before the promotion; from that look
             // on, as held by node1, every time.
             let not_yet = format!(
-                "ERROR:  55000: snowid refuses to issue ids: the lease on worker id \
+                "ERROR:  40001: snowid refuses to issue ids: the lease on worker id \
                  {SHARED_WORKER_ID} is not acquired yet"
             );
             let read_only = "ERROR:  25006: cannot execute INSERT in a read-only transaction";
@@ -631,7 +631,7 @@ scenario_tests! { switch_back:
 /// lease is not acquired yet); node1 meanwhile issues. A connection that times out, as one does on
 /// a machine busy enough, gives no answer: it is counted, and issues nothing.
 fn refuses_throughout(conninfo: &str, refused: &str, watch: Duration, one: &Node, what: &str) {
-    let not_yet = "ERROR:  55000: snowid refuses to issue ids: the lease on worker id 1 is not \
+    let not_yet = "ERROR:  40001: snowid refuses to issue ids: the lease on worker id 1 is not \
                    acquired yet";
     let until = Instant::now() + watch;
     let (mut issued_by_one, mut claim_refused, mut unanswered) = (0, false, 0);

@@ -121,7 +121,7 @@ fn the_lease_worker_runs_only_the_extensions_own_lease_functions() {
         )
         .unwrap();
     client.batch_execute("CREATE EXTENSION snowid").unwrap();
-    let expected = "55000: snowid refuses to issue ids: the lease on worker id 5 is not acquired \
+    let expected = "40001: snowid refuses to issue ids: the lease on worker id 5 is not acquired \
                     yet: extension snowid 0.3.0 or later is not installed in database \"ledger\" \
                     HINT: Issuing resumes by itself once this server holds the lease; \
                     snowid_status() and the server log say more.";

@@ -274,7 +274,7 @@ fn a_ceiling_that_cannot_be_recorded_is_refused_at_once_naming_why() {
     assert_eq!(
         refused.0,
         format!(
-            "55000: snowid refuses to issue ids: the ceiling of worker id {WORKER_ID} is reached, \
+            "40001: snowid refuses to issue ids: the ceiling of worker id {WORKER_ID} is reached, \
              and the lease worker cannot move it on: could not record the ceiling in \
              snowid.ceiling: Is a directory (os error 21) HINT: Issuing resumes by itself once the \
              lease worker records a new bound; snowid_status() and the server log say more."
@@ -321,7 +321,7 @@ scenario_tests! { stopped_for_five_seconds:
 /// The refusal of a lease whose worker has not renewed it for `seconds`.
 fn ran_out_refusal(seconds: &str) -> String {
     format!(
-        "55000: snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out: the lease \
+        "40001: snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out: the lease \
          worker has not renewed it for {seconds} s HINT: The lease worker is held up (stopped, or \
          starved of CPU or disk); issuing resumes by itself once it renews the lease. The server \
          log says more."
@@ -357,7 +357,7 @@ fn stopped_past_the_deadline(registry: Registry) {
     let refusal = calls[first_refused].result.as_ref().unwrap_err();
     let seconds = refusal
         .strip_prefix(&format!(
-            "55000: snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out: the \
+            "40001: snowid refuses to issue ids: the lease on worker id {WORKER_ID} ran out: the \
              lease worker has not renewed it for "
         ))
         .and_then(|rest| rest.split_once(" s HINT"))

@@ -58,7 +58,7 @@ fn fresh_members(client: &mut postgres::Client) -> usize {
 
 /// The refusal of a server whose lease worker finds an older version installed in its database.
 const OLD_VERSION_INSTALLED: &str =
-    "55000: snowid refuses to issue ids: the lease on worker id 21 \
+    "40001: snowid refuses to issue ids: the lease on worker id 21 \
     is not acquired yet: extension snowid 0.3.0 or later is not installed in database \"upgraded\" \
     HINT: Issuing resumes by itself once this server holds the lease; snowid_status() and the \
     server log say more.";

@@ -8,8 +8,9 @@
 //!   different sessions or nodes that did not overlap).
 //! - No id's time is later than the issuing node's clock when the id was received: the client's
 //!   clock at the answer plus the most the node's clock was set ahead of it during the call.
-//! - Every refusal is one that snowid documents: SQLSTATE 55000 and a message of the catalogue
-//!   (naming the node's worker id where the message names one).
+//! - Every refusal is one that snowid documents: a message of the catalogue (naming the node's
+//!   worker id where the message names one) with the SQLSTATE docs/functions.md gives it, 40001
+//!   for a refusal that ends by itself, 55000 for one that needs an operator.
 //! - No server process ended by a signal or a PANIC that the nemesis did not send, and no node
 //!   restarted after a crash of a process more often than the nemesis killed its lease worker.
 
@@ -58,8 +59,8 @@ pub struct Verdict {
     pub from_the_future: Finding,
     pub undocumented: Finding,
     pub unexplained_ends: Finding,
-    /// Refusals by reason, and calls that found the server unavailable.
-    pub refusals: BTreeMap<&'static str, usize>,
+    /// Refused calls by SQLSTATE and reason, and calls that found the server unavailable.
+    pub refusals: BTreeMap<(&'static str, &'static str), usize>,
     pub unavailable: usize,
     /// The lease state `snowid_status()` reported beside the ids issued, by state.
     pub lease_states: BTreeMap<String, usize>,
@@ -138,7 +139,7 @@ pub fn check(
             }
             Outcome::Refused { sqlstate, message } => {
                 match documented_refusal(sqlstate, message, worker_ids[call.node]) {
-                    Some(reason) => *verdict.refusals.entry(reason).or_default() += 1,
+                    Some(refusal) => *verdict.refusals.entry(refusal).or_default() += 1,
                     None => verdict.undocumented.add(|| describe(call)),
                 }
             }
@@ -245,75 +246,99 @@ fn most_ahead_ms(changes: &[ClockChange], call: &Call) -> i64 {
     most.max(in_force)
 }
 
-/// The reason a documented refusal gives, or `None` for any other error.
-pub fn documented_refusal(sqlstate: &str, message: &str, worker_id: u16) -> Option<&'static str> {
-    if sqlstate != "55000" {
-        return None;
-    }
+/// A documented refusal's SQLSTATE and the reason it gives, or `None` for any other error, or for a
+/// refusal with another SQLSTATE than docs/functions.md gives it.
+pub fn documented_refusal(
+    sqlstate: &str,
+    message: &str,
+    worker_id: u16,
+) -> Option<(&'static str, &'static str)> {
+    const RETRY: &str = "40001";
+    const OPERATOR: &str = "55000";
     let worker = format!("worker id {worker_id}");
-    if let Some(rest) = message.strip_prefix("snowid refuses to issue ids for another ") {
+    let documented = if let Some(rest) =
+        message.strip_prefix("snowid refuses to issue ids for another ")
+    {
         let just_taken = format!(" ms: this server has just taken the lease on {worker}, and ids");
-        return rest
-            .contains(&just_taken)
-            .then_some("a new holder waits for earlier ids");
-    }
-    let reason = message.strip_prefix("snowid refuses to issue ids: ")?;
-    let catalogue: [(String, &'static str); 13] = [
-        (
-            format!("the lease on {worker} is not acquired yet"),
-            "lease not acquired yet",
-        ),
-        (
-            format!("{worker} is not granted before "),
-            "registry settling after a loss",
-        ),
-        (
-            format!("{worker} was released by "),
-            "released by a server this may copy",
-        ),
-        (
-            format!("{worker} is held by "),
-            "held by a server that did not release it",
-        ),
-        (
-            format!("{worker} is leased until "),
-            "leased by an earlier run of this server",
-        ),
-        (
-            format!("{worker} is leased by another server, "),
-            "leased by another server",
-        ),
-        (
-            "the lease registry has been unreachable since ".into(),
-            "registry unreachable",
-        ),
-        (
-            format!("the lease on {worker} ran out: "),
-            "lease ran out, not renewed",
-        ),
-        (
-            format!("the lease on {worker} was released: "),
-            "lease released at shutdown",
-        ),
-        (
-            format!("the clock has passed the time reserved for the ids of {worker}"),
-            "time reserved reached",
-        ),
-        (
-            format!("the ceiling of {worker} is reached"),
-            "ceiling reached",
-        ),
-        (
-            "the system clock has not moved for ".into(),
-            "clock stalled",
-        ),
-        ("the system clock is ".into(), "clock behind the ids issued"),
-    ];
-    let (_, reason) = catalogue
-        .into_iter()
-        .find(|(start, _)| reason.starts_with(start.as_str()))?;
-    let clock_behind = message.ends_with(" ms behind the ids already issued for this worker id");
-    (reason != "clock behind the ids issued" || clock_behind).then_some(reason)
+        rest.contains(&just_taken)
+            .then_some((RETRY, "a new holder waits for earlier ids"))
+    } else {
+        let reason = message.strip_prefix("snowid refuses to issue ids: ")?;
+        let catalogue: [(String, &'static str, &'static str); 13] = [
+            (
+                format!("the lease on {worker} is not acquired yet"),
+                RETRY,
+                "lease not acquired yet",
+            ),
+            (
+                format!("{worker} is not granted before "),
+                RETRY,
+                "registry settling after a loss",
+            ),
+            (
+                format!("{worker} was released by "),
+                OPERATOR,
+                "released by a server this may copy",
+            ),
+            (
+                format!("{worker} is held by "),
+                OPERATOR,
+                "held by a server that did not release it",
+            ),
+            (
+                format!("{worker} is leased until "),
+                RETRY,
+                "leased by an earlier run of this server",
+            ),
+            (
+                format!("{worker} is leased by another server, "),
+                OPERATOR,
+                "leased by another server",
+            ),
+            (
+                "the lease registry has been unreachable since ".into(),
+                RETRY,
+                "registry unreachable",
+            ),
+            (
+                format!("the lease on {worker} ran out: "),
+                RETRY,
+                "lease ran out, not renewed",
+            ),
+            (
+                format!("the lease on {worker} was released: "),
+                RETRY,
+                "lease released at shutdown",
+            ),
+            (
+                format!("the clock has passed the time reserved for the ids of {worker}"),
+                RETRY,
+                "time reserved reached",
+            ),
+            (
+                format!("the ceiling of {worker} is reached"),
+                RETRY,
+                "ceiling reached",
+            ),
+            (
+                "the system clock has not moved for ".into(),
+                RETRY,
+                "clock stalled",
+            ),
+            (
+                "the system clock is ".into(),
+                RETRY,
+                "clock behind the ids issued",
+            ),
+        ];
+        let (_, code, reason) = catalogue
+            .into_iter()
+            .find(|(start, _, _)| reason.starts_with(start.as_str()))?;
+        let clock_behind =
+            message.ends_with(" ms behind the ids already issued for this worker id");
+        (reason != "clock behind the ids issued" || clock_behind).then_some((code, reason))
+    };
+    documented.filter(|&(code, _)| code == sqlstate)
 }
 
 /// A call as reports show it: node, times and outcome, a batch by its first and last id.

@@ -165,9 +165,9 @@ fn text(
         }
     }
 
-    let _ = writeln!(out, "\nRefusals (SQLSTATE 55000), by reason:");
-    for (reason, count) in &verdict.refusals {
-        let _ = writeln!(out, "  {count:8}  {reason}");
+    let _ = writeln!(out, "\nRefusals, by SQLSTATE and reason:");
+    for ((sqlstate, reason), count) in &verdict.refusals {
+        let _ = writeln!(out, "  {count:8}  {sqlstate}  {reason}");
     }
     let _ = writeln!(
         out,
