@@ -5,6 +5,7 @@ use crate::errors::{Circumstances, SnowidError};
 use crate::generator::{IssuingState, StampRun, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
 use crate::refusals::{Attempt, Reason, Refusal};
+use crate::trusted_clock::TrustedClock;
 use crate::{base32, gucs, registry, server, shmem};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,7 +60,7 @@ impl Issuer {
         }
         let attempt = self.state.refusals().attempt();
         let issued = self.state.issue(
-            &SystemClock,
+            &issuing_clock(self.state),
             &server::LatchWaiter,
             wanted,
             gucs::max_clock_backward_ms(),
@@ -96,6 +97,16 @@ impl Issuer {
             .refusals()
             .refused(reason, attempt, monotonic_ms());
         error.raise_refusal(self.function, begins_episode, at)
+    }
+}
+
+/// The clocks ids are issued by: the wall clock as the lease worker trusts it, and the monotonic
+/// clock.
+pub(crate) fn issuing_clock(state: &IssuingState) -> TrustedClock<'_, SystemClock> {
+    TrustedClock {
+        clock: &SystemClock,
+        offset: state.trusted_offset(),
+        max_forward_ms: gucs::max_clock_forward_ms(),
     }
 }
 
@@ -153,7 +164,7 @@ fn snowid_wait_ready(timeout: default!(Interval, "'30 seconds'")) -> bool {
     let timeout = Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
     let started = Instant::now();
     loop {
-        if issuer.state.would_issue(&SystemClock) {
+        if issuer.state.would_issue(&issuing_clock(issuer.state)) {
             return true;
         }
         let waited = started.elapsed();

@@ -6,8 +6,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub trait Clock {
     /// Wall-clock time in Unix milliseconds; this is what goes into ids.
     fn unix_millis(&self) -> i64;
-    /// Nanoseconds of a clock that never steps and is the same in every process of the machine
-    /// (CLOCK_MONOTONIC): it bounds waits and times the lease.
+    /// Nanoseconds of a clock that never steps, counts the time the machine was suspended, and is
+    /// the same in every process of the machine (CLOCK_BOOTTIME): it bounds waits, times the lease
+    /// and tells a step of the wall clock from time passing.
     fn monotonic_ns(&self) -> u64;
 }
 
@@ -23,7 +24,7 @@ impl Clock for SystemClock {
     }
 
     fn monotonic_ns(&self) -> u64 {
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
         now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
     }
 }

@@ -14,6 +14,7 @@
 //! - class 22, data exceptions (`22P02` for text that is not an id's base32 form): the input is
 //!   wrong, and retrying the same call fails the same way.
 
+use crate::api::issuing_clock;
 use crate::base32::{self, InvalidBase32};
 use crate::clock::{Clock, SystemClock};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
@@ -274,7 +275,8 @@ pub(crate) fn refusal_sqlstate(reason: Reason) -> PgSqlErrorCode {
 }
 
 /// What the words of a refusal depend on besides the refusal: the lease as the lease worker last
-/// recorded it, the worker id this server is configured with, and the clocks. The default: nothing
+/// recorded it, the worker id this server is configured with, and the clocks (the wall clock as
+/// ids are issued by it). The default: nothing
 /// known, as on a server that does not preload snowid.
 #[derive(Default)]
 pub(crate) struct Circumstances {
@@ -291,7 +293,10 @@ impl Circumstances {
             status: shmem::lease_status(),
             configured_worker_id: gucs::worker_id(),
             monotonic_ns: SystemClock.monotonic_ns(),
-            unix_ms: SystemClock.unix_millis(),
+            unix_ms: shmem::issuing_state().map_or_else(
+                || SystemClock.unix_millis(),
+                |state| issuing_clock(state).unix_millis(),
+            ),
         }
     }
 }

@@ -26,6 +26,7 @@
 use crate::clock::Clock;
 use crate::layout::{self, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS};
 use crate::refusals::{Refusal, Refusals};
+use crate::trusted_clock::TrustedOffset;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -189,6 +190,8 @@ pub struct IssuingState {
     refusals: Refusals,
     /// Written only by `open_gate`, which the lease worker alone calls.
     grants: GrantHistory,
+    /// The time ids are issued at, kept by the lease worker.
+    trusted_offset: TrustedOffset,
 }
 
 /// What the gate was opened with before, so that a new grant never lets an id fall below one
@@ -393,6 +396,11 @@ impl IssuingState {
     /// The counts of refused calls and the episode under way.
     pub fn refusals(&self) -> &Refusals {
         &self.refusals
+    }
+
+    /// The offset between the wall clock and the monotonic clock that the lease worker trusts.
+    pub fn trusted_offset(&self) -> &TrustedOffset {
+        &self.trusted_offset
     }
 
     /// How much longer the lease lets this server issue, on CLOCK_MONOTONIC; zero while the gate is

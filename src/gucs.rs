@@ -12,6 +12,7 @@ const WORKER_ID_UNSET: i32 = -1;
 
 static WORKER_ID: GucSetting<i32> = GucSetting::<i32>::new(WORKER_ID_UNSET);
 static MAX_CLOCK_BACKWARD_MS: GucSetting<i32> = GucSetting::<i32>::new(5);
+static MAX_CLOCK_FORWARD_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 static LEASE_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
@@ -38,6 +39,17 @@ pub fn register() {
         &MAX_CLOCK_BACKWARD_MS,
         0,
         10_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"snowid.max_clock_forward",
+        c"Largest step forward of the system clock that snowid follows at once.",
+        c"Ids follow a larger step at 3 seconds a minute, so that a step made by mistake and \
+          undone leaves ids ahead of the clock by little. Takes effect on reload.",
+        &MAX_CLOCK_FORWARD_MS,
+        0,
+        3_600_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
@@ -101,6 +113,11 @@ pub fn any_worker_id_without_registry() -> bool {
 pub fn max_clock_backward_ms() -> u64 {
     // The setting's range is 0..=10000, so the value is never negative.
     MAX_CLOCK_BACKWARD_MS.get().unsigned_abs().into()
+}
+
+pub fn max_clock_forward_ms() -> u64 {
+    // The setting's range is 0..=3600000, so the value is never negative.
+    MAX_CLOCK_FORWARD_MS.get().unsigned_abs().into()
 }
 
 pub fn lease_timing() -> Timing {

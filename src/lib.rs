@@ -24,6 +24,7 @@ mod registry;
 mod server;
 mod shmem;
 mod signals;
+mod trusted_clock;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -12,6 +12,7 @@
 //! gate stays open until the lease's deadline, and the postmaster starts a new worker at once, which
 //! renews the same lease. Only a server shutdown releases it.
 
+use crate::api::issuing_clock;
 use crate::ceiling::{self, Ceiling, RunLease};
 use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
@@ -21,6 +22,7 @@ use crate::lease::{
 };
 use crate::registry::{ClaimRequest, Held, Registry, Release};
 use crate::signals::{self, sleep_unless_stopped};
+use crate::trusted_clock::Look;
 use crate::{gucs, layout, server, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
@@ -107,9 +109,11 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
             .and_then(|status| status.worker_id),
         holding: None,
         slowness: Slowness::default(),
+        clock: Look::Following,
     };
     let mut next_look_ns = 0;
     while server::in_recovery() {
+        worker.look_at_the_clock();
         if SystemClock.monotonic_ns() >= next_look_ns {
             worker.watch_as_standby();
             next_look_ns =
@@ -124,6 +128,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     worker.carry_on_the_lease_of_the_run_before();
     let mut next_claim_ns = 0;
     loop {
+        worker.look_at_the_clock();
         if SystemClock.monotonic_ns() >= next_claim_ns {
             let sent_ns = SystemClock.monotonic_ns();
             next_claim_ns = sent_ns + worker.claim(sent_ns).as_nanos() as u64;
@@ -206,9 +211,31 @@ struct LeaseWorker {
     inherited: Option<u16>,
     holding: Option<Holding>,
     slowness: Slowness,
+    /// What the last look at the clock found (see `look_at_the_clock`).
+    clock: Look,
 }
 
 impl LeaseWorker {
+    /// Looks at the wall clock against the monotonic clock (see `trusted_clock`), logging when a
+    /// step forward begins to be held back and when ids follow the wall clock again.
+    fn look_at_the_clock(&mut self) {
+        let max_forward_ms = gucs::max_clock_forward_ms();
+        let look = self
+            .state
+            .trusted_offset()
+            .look(&SystemClock, max_forward_ms);
+        match (self.clock, look) {
+            (Look::Following, Look::HoldingBack { ahead_ms }) => warning!(
+                "snowid holds back a step forward of the system clock: it reads {ahead_ms} ms ahead of the time ids are issued at, which follows it at 3 s a minute (snowid.max_clock_forward is {max_forward_ms} ms)"
+            ),
+            (Look::HoldingBack { .. }, Look::Following) => {
+                log!("snowid issues ids at the system clock's time again")
+            }
+            _ => {}
+        }
+        self.clock = look;
+    }
+
     /// On a standby: records who else holds the configured worker id, which this server could not
     /// issue under once promoted while that server may, warning once when that begins; the status
     /// keeps the registry's last error meanwhile.
@@ -279,7 +306,7 @@ impl LeaseWorker {
 
     /// Claims the lease, acts on the answer, and says when to claim again.
     fn claim(&mut self, sent_ns: u64) -> Duration {
-        let reserve_until_ms = now_ms() + self.timing.ttl.as_millis() as u64;
+        let reserve_until_ms = now_ms(self.state) + self.timing.ttl.as_millis() as u64;
         // Known from now on, whether the answer comes or not; shown only for the worker id of a
         // grant this run applied, or of the lease it carries on: the one a copy of its memory could
         // have renewed.
@@ -533,7 +560,7 @@ impl LeaseWorker {
     }
 
     fn lose_lease(&mut self) {
-        self.state.close_gate(&SystemClock);
+        self.state.close_gate(&issuing_clock(self.state));
         shmem::update_lease_status(|status| status.applied_tenure = None);
         self.holding = None;
         self.claiming = self.configured;
@@ -548,7 +575,11 @@ impl LeaseWorker {
         // Only a ceiling raised to cover a claim of a shared registry comes back.
         let covers_claims = !self.registry.is_local() && self.ceiling_file.is_some();
         let lower = (floor_ms.is_none() && covers_claims).then(|| {
-            ceiling_policy().lower_to(now_ms(), held.ceiling_ms, self.state.next_free_millis())
+            ceiling_policy().lower_to(
+                now_ms(self.state),
+                held.ceiling_ms,
+                self.state.next_free_millis(),
+            )
         });
         match lower.flatten() {
             Some(lower) => self.lower_ceiling(lower),
@@ -590,7 +621,7 @@ impl LeaseWorker {
             .as_ref()
             .expect("called while the lease is held");
         let wanted = ceiling_policy().raise_to(
-            now_ms(),
+            now_ms(self.state),
             held.ceiling_ms,
             floor_ms,
             self.state.next_free_millis(),
@@ -757,9 +788,9 @@ fn remove(file: &Path) -> std::io::Result<()> {
     }
 }
 
-/// The clock, in milliseconds since the snowid epoch.
-fn now_ms() -> u64 {
-    layout::millis_since_epoch(SystemClock.unix_millis()).unwrap_or(0)
+/// The time ids are issued at, in milliseconds since the snowid epoch.
+fn now_ms(state: &IssuingState) -> u64 {
+    layout::millis_since_epoch(issuing_clock(state).unix_millis()).unwrap_or(0)
 }
 
 fn grant(
@@ -794,7 +825,7 @@ fn throttle_restarts() -> bool {
 fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
     signals::leave_unless_server_stopping();
     shmem::update_lease_status(|status| status.state = State::Released);
-    let high_water_ms = state.close_gate(&SystemClock);
+    let high_water_ms = state.close_gate(&issuing_clock(state));
     if let Some(worker) = worker {
         worker.release(high_water_ms);
     }

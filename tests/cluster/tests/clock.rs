@@ -1,8 +1,11 @@
 //! Real clock steps on a running server, made with the tests' fake clock (`fake_clock.c`).
 
+use snowid_cluster_tests::etcd::EtcdCluster;
+use snowid_cluster_tests::ids::unix_ms_of;
 use snowid_cluster_tests::{
-    alter_system_and_reload, clock_behind_ms, error_text, query_pair, Cluster,
+    alter_system_and_reload, clock_behind_ms, error_text, query_pair, Cluster, Node, NEW_REGISTRY,
 };
+use std::time::{Duration, Instant};
 
 /// Issues an id, steps the server's clock by `offset`, issues another: all inside the server, so
 /// no more than microseconds pass between the step and the second id.
@@ -105,4 +108,200 @@ fn max_clock_backward_takes_effect_on_reload() {
         error_text(&error).starts_with("40001: snowid refuses to issue ids: the system clock is ")
     );
     assert_eq!(counters(&mut client), (0, 1));
+}
+
+/// What a server did through a step of its clock forward by two hours, held for `HELD`, then
+/// undone, and through a step forward of five seconds that stays.
+struct ForwardSteps {
+    /// From the undoing of the two-hour step to the first id after it.
+    refused_after_undoing: Duration,
+    /// The longest time between two ids, from the five-second step on.
+    longest_gap_after_correction: Duration,
+}
+
+/// How long the two-hour step stands, ids being issued all the while.
+const HELD: Duration = Duration::from_secs(5);
+
+/// Steps `cluster`'s clock as [`ForwardSteps`] says, with `snowid.max_clock_forward` at its
+/// default (1 s), calling `snowid_next()` every 20 ms throughout: every call under the two-hour
+/// step is issued an id no later than the true time plus the bound and what was caught up; every
+/// id of the session is above the one before it.
+fn through_forward_steps(cluster: &Cluster) -> ForwardSteps {
+    let mut client = cluster.connect();
+    assert_eq!(cluster.wait_for_lease(&mut client), "held");
+    let mut ids = vec![];
+    let mut call = |client: &mut postgres::Client| -> Result<i64, String> {
+        let id = client
+            .query_one("SELECT snowid_next()", &[])
+            .map(|row| row.get::<_, i64>(0))
+            .map_err(|error| error_text(&error))?;
+        ids.push(id);
+        Ok(id)
+    };
+    let true_unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    call(&mut client).unwrap();
+
+    cluster.set_clock_offset("+7200");
+    let stepped = Instant::now();
+    while stepped.elapsed() < HELD {
+        let id = call(&mut client).unwrap_or_else(|refusal| panic!("under the step: {refusal}"));
+        // The bound, what 5 s catch up (250 ms), and a margin for the call's way back.
+        let lead = unix_ms_of(id) - true_unix_ms();
+        assert!(
+            lead <= 1_000 + 250 + 200,
+            "an id {lead} ms ahead of the true time"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cluster.set_clock_offset("+0");
+    let undone = Instant::now();
+    let refused_after_undoing = loop {
+        match call(&mut client) {
+            Ok(_) => break undone.elapsed(),
+            Err(refusal) => {
+                assert!(
+                    refusal.starts_with("40001: snowid refuses to issue ids: the system clock is "),
+                    "{refusal}"
+                );
+                assert!(undone.elapsed() < Duration::from_secs(10), "{refusal}");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+
+    // A clock that ran slow, set right: 5 s forward, for good.
+    cluster.set_clock_offset("+5");
+    let corrected = Instant::now();
+    let mut last_issued = corrected;
+    let mut longest_gap_after_correction = Duration::ZERO;
+    while corrected.elapsed() < Duration::from_secs(3) {
+        let id =
+            call(&mut client).unwrap_or_else(|refusal| panic!("after the correction: {refusal}"));
+        longest_gap_after_correction = longest_gap_after_correction.max(last_issued.elapsed());
+        last_issued = Instant::now();
+        assert!(unix_ms_of(id) <= true_unix_ms() + 5_000);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        ids.windows(2).all(|pair| pair[0] < pair[1]),
+        "ids out of order"
+    );
+    assert!(cluster
+        .log()
+        .contains("WARNING:  snowid holds back a step forward of the system clock: it reads "));
+    ForwardSteps {
+        refused_after_undoing,
+        longest_gap_after_correction,
+    }
+}
+
+/// The measures, printed, and the bound the docs give: the bound plus what the held time caught
+/// up (1 s + 5 s / 20), with a margin for the calls' pace.
+fn assert_forward_steps_cost_seconds(mode: &str, steps: ForwardSteps) {
+    println!(
+        "{mode}: refused for {:.3} s after the two-hour step was undone; longest gap between ids after a 5 s correction: {:.3} s",
+        steps.refused_after_undoing.as_secs_f64(),
+        steps.longest_gap_after_correction.as_secs_f64()
+    );
+    assert!(
+        steps.refused_after_undoing <= Duration::from_millis(1_250 + 300),
+        "{:?}",
+        steps.refused_after_undoing
+    );
+    assert!(
+        steps.longest_gap_after_correction < Duration::from_millis(500),
+        "{:?}",
+        steps.longest_gap_after_correction
+    );
+}
+
+#[test]
+fn a_two_hour_step_forward_undone_costs_seconds_with_the_lease_table_on_the_server() {
+    let (cluster, _client) = issuing_with_fake_clock("forward-local");
+    assert_forward_steps_cost_seconds("lease table", through_forward_steps(&cluster));
+}
+
+#[test]
+fn a_two_hour_step_forward_undone_costs_seconds_with_a_shared_registry() {
+    let registry = Cluster::start("forward-registry", &[]);
+    registry.connect().batch_execute(NEW_REGISTRY).unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres",
+        registry.port
+    );
+    let node = Node::start_with_fake_clock("forward-shared", Some(17), &conninfo, &[]);
+    assert_forward_steps_cost_seconds("shared registry", through_forward_steps(&node.cluster));
+}
+
+#[test]
+fn a_two_hour_step_forward_undone_costs_seconds_with_etcd() {
+    let dir = std::env::temp_dir().join(format!("snowid-clock-etcd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let etcd = EtcdCluster::start(&dir, 1, None);
+    let registry = format!("etcd://{}/snowid", etcd.endpoints());
+    let node = Node::start_with_fake_clock("forward-etcd", Some(17), &registry, &[]);
+    let steps = through_forward_steps(&node.cluster);
+    drop(node);
+    drop(etcd);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_forward_steps_cost_seconds("etcd", steps);
+}
+
+/// The procedure of docs/operations.md for ids issued ahead of the true time: a server that starts
+/// with its clock two hours ahead (nothing on a server with the lease table on it tells that from
+/// a clock that is right) issues at that time; once the clock is set right, worker id 17 refuses,
+/// saying for how long. Another worker id and a restart: issuing at once, at the true time, and no
+/// id of the new worker id meets one of the old.
+#[test]
+fn ids_issued_ahead_of_the_clock_are_left_behind_with_another_worker_id() {
+    let (cluster, mut client) = issuing_with_fake_clock("ahead-recovery");
+    cluster.set_clock_offset("+7200");
+    cluster.restart();
+    let mut client_ahead = cluster.connect();
+    assert_eq!(cluster.wait_for_lease(&mut client_ahead), "held");
+    let ahead: Vec<i64> = (0..100)
+        .map(|_| {
+            client_ahead
+                .query_one("SELECT snowid_next()", &[])
+                .unwrap()
+                .get(0)
+        })
+        .collect();
+    drop(client);
+
+    cluster.set_clock_offset("+0");
+    client = cluster.connect();
+    let refusal = error_text(&client.query_one("SELECT snowid_next()", &[]).unwrap_err());
+    let behind_ms = clock_behind_ms(&refusal);
+    assert!((7_190_000..=7_200_000).contains(&behind_ms), "{refusal}");
+    assert!(refusal.starts_with("40001: "), "{refusal}");
+
+    alter_system_and_reload(&mut client, "snowid.worker_id = 18");
+    cluster.restart();
+    let mut client = cluster.connect();
+    assert_eq!(cluster.wait_for_lease(&mut client), "held");
+    let started = Instant::now();
+    let row = client
+        .query_one(
+            "SELECT id, extract(epoch FROM clock_timestamp() - snowid_timestamp(id))::float8 FROM (SELECT snowid_next() AS id) s",
+            &[],
+        )
+        .unwrap();
+    let (id, behind_s): (i64, f64) = (row.get(0), row.get(1));
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(snowid_cluster_tests::ids::worker_of(id), 18);
+    assert!(
+        (0.0..1.0).contains(&behind_s),
+        "the new id is {behind_s} s behind the clock"
+    );
+    assert!(ahead
+        .iter()
+        .all(|&old| snowid_cluster_tests::ids::worker_of(old) == 17));
+    assert!(!ahead.contains(&id));
 }

@@ -239,8 +239,13 @@ fn draw(rng: &mut ChaCha8Rng, channel: Channel, registry: Registry) -> (Fault, D
             45..=69 => Fault::ClockBack {
                 ms: rng.random_range(MAX_CLOCK_BACKWARD_MS + 1..=3_000),
             },
-            _ => Fault::ClockForward {
+            70..=89 => Fault::ClockForward {
                 ms: rng.random_range(50..=2_000),
+            },
+            // Minutes, as a hardware clock read in the wrong time zone or a bad time source
+            // steps it: held back, not followed (see `snowid.max_clock_forward`).
+            _ => Fault::ClockForward {
+                ms: rng.random_range(60_000..=600_000),
             },
         },
         Channel::NodeNetwork(_) => Fault::PartitionFromRegistry,

@@ -1,0 +1,256 @@
+//! The time snowid issues at: the wall clock, unless it has just stepped forward further than
+//! `snowid.max_clock_forward`.
+//!
+//! An id issued at a wall clock that stepped forward by mistake (a hardware clock holding local
+//! time, a bad time source) stays ahead of every later reading once the step is undone, and the
+//! worker id refuses until the clock has caught up with it: for as long as the step. So a forward
+//! step is not taken on trust. The lease worker keeps the offset between the wall clock and the
+//! monotonic clock that it trusts; a caller issues at the wall clock, or at the trusted time plus
+//! `max_forward_ms` when the wall clock reads further ahead. The trusted offset follows a step of
+//! up to `max_forward_ms` at once, and a larger one at one millisecond for every
+//! [`CATCH_UP_DIVISOR`] that pass: ids issued meanwhile lag the wall clock, never lead the time
+//! that was trusted by more than the bound plus what was caught up, and once such a step is undone
+//! the worker id refuses for no longer than that lead.
+//!
+//! The monotonic clock (CLOCK_BOOTTIME) never steps, and the time synchronisation slews it with the
+//! wall clock, so the offset between the two moves only when the wall clock is stepped.
+
+use crate::clock::Clock;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// The trusted offset catches up with a held-back step at 1 ms for every 20 ms that pass: 3 s a
+/// minute. A legitimate step of S beyond the bound is followed within 20 S; a mistaken one undone
+/// after T has put ids at most T / 20 (plus the bound) ahead of the clock.
+pub const CATCH_UP_DIVISOR: i64 = 20;
+
+/// The offset the lease worker trusts between the wall clock and the monotonic clock. All zeroes:
+/// none yet, and the wall clock is taken as it reads. Written by the lease worker alone.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct TrustedOffset {
+    /// Unix milliseconds minus monotonic milliseconds; 0 before the worker's first look (a wall
+    /// clock that reads the monotonic clock's milliseconds is in 1970, which snowid refuses).
+    offset_ms: AtomicI64,
+    /// When the worker last looked, in monotonic milliseconds.
+    looked_ms: AtomicI64,
+}
+
+/// What the worker's look found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// The wall clock is taken as it reads.
+    Following,
+    /// The wall clock reads `ahead_ms` further ahead than the time ids are issued at.
+    HoldingBack { ahead_ms: u64 },
+}
+
+impl TrustedOffset {
+    /// The Unix milliseconds to issue at: the wall clock's reading, or the trusted time plus
+    /// `max_forward_ms` where that is earlier.
+    pub fn unix_millis(&self, clock: &impl Clock, max_forward_ms: u64) -> i64 {
+        // The wall clock first: a caller held up between the two readings gets a bound that is
+        // later, not an earlier time than its wall clock read.
+        let wall = clock.unix_millis();
+        match self.offset_ms.load(Ordering::Acquire) {
+            0 => wall,
+            offset => wall.min(monotonic_ms(clock) + offset + max_forward_ms as i64),
+        }
+    }
+
+    /// The lease worker's look: follows the wall clock where it reads at most `max_forward_ms`
+    /// ahead of the trusted time, or behind it; otherwise moves the trusted offset towards it by
+    /// the time since the last look divided by [`CATCH_UP_DIVISOR`]. A wall clock behind the
+    /// trusted time is followed as slowly, so that a step back that is undone soon is not then
+    /// held back.
+    pub fn look(&self, clock: &impl Clock, max_forward_ms: u64) -> Look {
+        let now_ms = monotonic_ms(clock);
+        let observed = clock.unix_millis() - now_ms;
+        let since_ms = (now_ms - self.looked_ms.swap(now_ms, Ordering::AcqRel)).max(0);
+        let budget = since_ms / CATCH_UP_DIVISOR;
+        let bound = max_forward_ms as i64;
+        let offset = self.offset_ms.load(Ordering::Acquire);
+        let trusted = if offset == 0 || observed >= offset && observed - offset <= bound {
+            observed
+        } else if observed > offset {
+            let caught_up = (offset + budget).min(observed);
+            if observed - caught_up <= bound {
+                observed
+            } else {
+                caught_up
+            }
+        } else {
+            (offset - budget).max(observed)
+        };
+        self.offset_ms.store(trusted, Ordering::Release);
+        match observed - trusted - bound {
+            ahead if ahead > 0 => Look::HoldingBack {
+                ahead_ms: ahead as u64,
+            },
+            _ => Look::Following,
+        }
+    }
+}
+
+fn monotonic_ms(clock: &impl Clock) -> i64 {
+    (clock.monotonic_ns() / 1_000_000) as i64
+}
+
+/// A clock whose wall clock is the time to issue at (see [`TrustedOffset::unix_millis`]).
+pub struct TrustedClock<'a, C: Clock> {
+    pub clock: &'a C,
+    pub offset: &'a TrustedOffset,
+    pub max_forward_ms: u64,
+}
+
+impl<C: Clock> Clock for TrustedClock<'_, C> {
+    fn unix_millis(&self) -> i64 {
+        self.offset.unix_millis(self.clock, self.max_forward_ms)
+    }
+
+    fn monotonic_ns(&self) -> u64 {
+        self.clock.monotonic_ns()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A wall clock `offset` ms ahead of a monotonic clock at `monotonic` ms.
+    struct Scripted {
+        monotonic_ms: Cell<i64>,
+        offset_ms: Cell<i64>,
+    }
+
+    impl Scripted {
+        fn new() -> Scripted {
+            Scripted {
+                monotonic_ms: Cell::new(1_000),
+                offset_ms: Cell::new(1_796_000_000_000),
+            }
+        }
+
+        fn pass(&self, ms: i64) {
+            self.monotonic_ms.set(self.monotonic_ms.get() + ms);
+        }
+
+        fn step(&self, ms: i64) {
+            self.offset_ms.set(self.offset_ms.get() + ms);
+        }
+
+        fn wall(&self) -> i64 {
+            self.monotonic_ms.get() + self.offset_ms.get()
+        }
+    }
+
+    impl Clock for Scripted {
+        fn unix_millis(&self) -> i64 {
+            self.wall()
+        }
+
+        fn monotonic_ns(&self) -> u64 {
+            self.monotonic_ms.get() as u64 * 1_000_000
+        }
+    }
+
+    const BOUND: u64 = 1_000;
+
+    #[test]
+    fn the_wall_clock_is_taken_as_it_reads_before_the_first_look_and_while_it_runs_evenly() {
+        let clock = Scripted::new();
+        let trusted = TrustedOffset::default();
+        clock.step(7_200_000);
+        assert_eq!(
+            trusted.unix_millis(&clock, BOUND),
+            clock.wall(),
+            "no look yet"
+        );
+        assert_eq!(trusted.look(&clock, BOUND), Look::Following);
+        clock.pass(10_000);
+        assert_eq!(trusted.look(&clock, BOUND), Look::Following);
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+    }
+
+    #[test]
+    fn a_step_forward_within_the_bound_is_followed_at_once() {
+        let clock = Scripted::new();
+        let trusted = TrustedOffset::default();
+        trusted.look(&clock, BOUND);
+        clock.step(1_000);
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.look(&clock, BOUND), Look::Following);
+        // Another such step after the look is within the bound again.
+        clock.step(1_000);
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+    }
+
+    #[test]
+    fn a_larger_step_forward_is_held_back_and_caught_up_at_one_twentieth() {
+        let clock = Scripted::new();
+        let trusted = TrustedOffset::default();
+        trusted.look(&clock, BOUND);
+        let before = clock.wall();
+        clock.step(5_000);
+        // Before the worker looks, callers already issue at the bound.
+        assert_eq!(trusted.unix_millis(&clock, BOUND), before + 1_000);
+        assert_eq!(
+            trusted.look(&clock, BOUND),
+            Look::HoldingBack { ahead_ms: 4_000 }
+        );
+        clock.pass(10_000);
+        // 10 s caught up 500 ms.
+        assert_eq!(
+            trusted.look(&clock, BOUND),
+            Look::HoldingBack { ahead_ms: 3_500 }
+        );
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall() - 3_500);
+        clock.pass(70_000);
+        assert_eq!(
+            trusted.look(&clock, BOUND),
+            Look::Following,
+            "3.5 s in 70 s"
+        );
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+    }
+
+    #[test]
+    fn a_mistaken_step_undone_leaves_ids_ahead_only_by_the_bound_and_what_was_caught_up() {
+        let clock = Scripted::new();
+        let trusted = TrustedOffset::default();
+        trusted.look(&clock, BOUND);
+        clock.step(7_200_000);
+        let mut latest = 0;
+        for _ in 0..30 {
+            clock.pass(1_000);
+            trusted.look(&clock, BOUND);
+            latest = trusted.unix_millis(&clock, BOUND);
+        }
+        clock.step(-7_200_000);
+        // 30 s caught up 1.5 s: the ids lead the clock by the bound and that.
+        assert_eq!(latest - clock.wall(), 2_500);
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.look(&clock, BOUND), Look::Following);
+    }
+
+    #[test]
+    fn a_step_back_is_followed_slowly_so_that_its_undoing_is_not_held_back() {
+        let clock = Scripted::new();
+        let trusted = TrustedOffset::default();
+        trusted.look(&clock, BOUND);
+        clock.step(-10_000);
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        clock.pass(20_000);
+        assert_eq!(trusted.look(&clock, BOUND), Look::Following);
+        clock.step(10_000);
+        // 1 s of the step back was followed; the step undone is within the bound.
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.look(&clock, BOUND), Look::Following);
+        // Left back for good, it is followed all the way.
+        clock.step(-10_000);
+        clock.pass(200_000);
+        trusted.look(&clock, BOUND);
+        clock.step(10_000 + 1_000 + 1);
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall() - 10_001);
+    }
+}
