@@ -12,6 +12,10 @@
 //! that was trusted by more than the bound plus what was caught up, and once such a step is undone
 //! the worker id refuses for no longer than that lead.
 //!
+//! With a shared registry or etcd, the registry's clock, read at every grant, decides a step held
+//! back: a wall clock within the bound of the registry's is followed at once, and the trusted time
+//! catches up no further than the registry's.
+//!
 //! The monotonic clock (CLOCK_BOOTTIME) never steps, and the time synchronisation slews it with the
 //! wall clock, so the offset between the two moves only when the wall clock is stepped.
 
@@ -33,6 +37,9 @@ pub struct TrustedOffset {
     offset_ms: AtomicI64,
     /// When the worker last looked, in monotonic milliseconds.
     looked_ms: AtomicI64,
+    /// The latest the registry's clock can read, as an offset like `offset_ms`; 0 for none (the
+    /// lease table on this server, or no grant yet).
+    registry_offset_ms: AtomicI64,
 }
 
 /// What the worker's look found.
@@ -69,10 +76,18 @@ impl TrustedOffset {
         let budget = since_ms / CATCH_UP_DIVISOR;
         let bound = max_forward_ms as i64;
         let offset = self.offset_ms.load(Ordering::Acquire);
+        let registry = self.registry_offset_ms.load(Ordering::Acquire);
         let trusted = if offset == 0 || observed >= offset && observed - offset <= bound {
             observed
+        } else if observed > offset && registry != 0 && observed - registry <= bound {
+            // The registry's clock confirms the step.
+            observed
         } else if observed > offset {
-            let caught_up = (offset + budget).min(observed);
+            let mut caught_up = (offset + budget).min(observed);
+            if registry != 0 {
+                // No further than the registry's clock, which does not confirm the step.
+                caught_up = caught_up.min(registry.max(offset));
+            }
             if observed - caught_up <= bound {
                 observed
             } else {
@@ -88,6 +103,15 @@ impl TrustedOffset {
             },
             _ => Look::Following,
         }
+    }
+}
+
+impl TrustedOffset {
+    /// Notes the registry's clock, read in a grant: `registry_unix_ms`, at most `uncertainty_ms`
+    /// (the round trip and how finely it reads) behind its reading now.
+    pub fn hear_registry(&self, clock: &impl Clock, registry_unix_ms: i64, uncertainty_ms: i64) {
+        let latest = registry_unix_ms + uncertainty_ms - monotonic_ms(clock);
+        self.registry_offset_ms.store(latest, Ordering::Release);
     }
 }
 
@@ -231,6 +255,42 @@ mod tests {
         assert_eq!(latest - clock.wall(), 2_500);
         assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
         assert_eq!(trusted.look(&clock, BOUND), Look::Following);
+    }
+
+    #[test]
+    fn the_registrys_clock_confirms_a_step_at_once_and_holds_back_one_it_does_not() {
+        let clock = Scripted::new();
+        let trusted = TrustedOffset::default();
+        // A clock 5 s slow, set right; the registry's clock reads the right time, 120 ms ago.
+        clock.step(-5_000);
+        trusted.look(&clock, BOUND);
+        clock.step(5_000);
+        assert_eq!(
+            trusted.look(&clock, BOUND),
+            Look::HoldingBack { ahead_ms: 4_000 }
+        );
+        trusted.hear_registry(&clock, clock.wall() - 120, 150);
+        assert_eq!(trusted.look(&clock, BOUND), Look::Following);
+        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+
+        // A step of two hours that the registry does not confirm: caught up to the registry's
+        // time and no further, however long it stands.
+        trusted.hear_registry(&clock, clock.wall(), 0);
+        clock.step(7_200_000);
+        for _ in 0..100 {
+            clock.pass(10_000);
+            trusted.look(&clock, BOUND);
+        }
+        assert_eq!(
+            trusted.look(&clock, BOUND),
+            Look::HoldingBack {
+                ahead_ms: 7_199_000
+            }
+        );
+        assert_eq!(
+            trusted.unix_millis(&clock, BOUND),
+            clock.wall() - 7_200_000 + 1_000
+        );
     }
 
     #[test]

@@ -236,6 +236,20 @@ impl LeaseWorker {
         self.clock = look;
     }
 
+    /// With a shared registry or etcd: notes the registry's clock that `granted` read, `took` to
+    /// come back, and looks at the clock again, so that a step it confirms is followed at once.
+    fn hear_the_registrys_clock(&mut self, granted: &Granted, took: Duration) {
+        let Some(resolution_ms) = self.registry.clock_resolution_ms() else {
+            return;
+        };
+        let registry_unix_ms = granted.expires_at - self.timing.ttl.as_millis() as i64;
+        let uncertainty_ms = took.as_millis() as i64 + resolution_ms;
+        self.state
+            .trusted_offset()
+            .hear_registry(&SystemClock, registry_unix_ms, uncertainty_ms);
+        self.look_at_the_clock();
+    }
+
     /// On a standby: records who else holds the configured worker id, which this server could not
     /// issue under once promoted while that server may, warning once when that begins; the status
     /// keeps the registry's last error meanwhile.
@@ -362,7 +376,10 @@ impl LeaseWorker {
             Ok(Answer {
                 worker_id: Some(worker_id),
                 verdict: Verdict::Granted(granted),
-            }) => self.granted(worker_id, granted, sent_ns),
+            }) => {
+                self.hear_the_registrys_clock(&granted, asked.elapsed());
+                self.granted(worker_id, granted, sent_ns)
+            }
             Ok(Answer {
                 worker_id,
                 verdict:

@@ -37,6 +37,16 @@ impl Registry {
         matches!(self, Registry::Local(_))
     }
 
+    /// How finely a grant reads the registry's own clock (its `expires_at` less the lease's
+    /// length); `None` for the lease table on this server, whose clock is this server's.
+    pub fn clock_resolution_ms(&self) -> Option<i64> {
+        match self {
+            Registry::Local(_) => None,
+            Registry::Remote(_) => Some(1),
+            Registry::Etcd(_) => Some(etcd::DATE_RESOLUTION_MS),
+        }
+    }
+
     /// Asks for the lease `request` describes: the worker id claimed (none when every one is
     /// leased) and what came of it.
     pub fn claim(&mut self, request: &ClaimRequest) -> Result<Answer, Failure> {

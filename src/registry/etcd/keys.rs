@@ -201,7 +201,7 @@ pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, registry_unix_ms: i64, ttl:
 }
 
 /// How finely etcd's clock is read: the HTTP `Date` counts whole seconds.
-const DATE_RESOLUTION_MS: i64 = 1000;
+pub const DATE_RESOLUTION_MS: i64 = 1000;
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@ mod keys;
 pub mod setting;
 
 pub use claims::Held;
+pub use keys::DATE_RESOLUTION_MS;
 
 use super::{ClaimRequest, Failure, Release, RELEASE_BUDGET};
 use crate::claimant::Claimant;

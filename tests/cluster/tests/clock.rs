@@ -305,3 +305,56 @@ fn ids_issued_ahead_of_the_clock_are_left_behind_with_another_worker_id() {
         .all(|&old| snowid_cluster_tests::ids::worker_of(old) == 17));
     assert!(!ahead.contains(&id));
 }
+
+/// A node and its shared registry whose clocks were both 5 s slow, set right together: the node
+/// holds the step back at first, and follows it at its next grant, whose answer reads the
+/// registry's clock, refusing nothing.
+#[test]
+fn a_step_forward_that_the_registrys_clock_confirms_is_followed_at_the_next_grant() {
+    let registry = Cluster::start_with_fake_clock("confirming-registry", &[]);
+    registry.connect().batch_execute(NEW_REGISTRY).unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres",
+        registry.port
+    );
+    // Claims every 2 s.
+    let node =
+        Node::start_with_fake_clock("confirmed", Some(17), &conninfo, &["snowid.lease_ttl = 6"]);
+    let mut client = node.cluster.connect();
+    assert_eq!(node.cluster.wait_for_lease(&mut client), "held");
+    let true_unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    registry.set_clock_offset("+5");
+    node.cluster.set_clock_offset("+5");
+    let stepped = Instant::now();
+    let mut last = 0;
+    let followed = loop {
+        let id: i64 = client
+            .query_one("SELECT snowid_next()", &[])
+            .unwrap_or_else(|error| panic!("{}", error_text(&error)))
+            .get(0);
+        assert!(id > last);
+        last = id;
+        if unix_ms_of(id) >= true_unix_ms() + 5_000 - 100 {
+            break stepped.elapsed();
+        }
+        assert!(stepped.elapsed() < Duration::from_secs(6), "never followed");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!(
+        "the step confirmed by the registry's clock was followed {:.3} s after it was made",
+        followed.as_secs_f64()
+    );
+    assert!(
+        followed <= Duration::from_millis(2_000 + 500),
+        "{followed:?}"
+    );
+    assert!(node
+        .cluster
+        .log()
+        .contains("LOG:  snowid issues ids at the system clock's time again"));
+}
