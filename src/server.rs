@@ -33,6 +33,14 @@ impl Waiter for LatchWaiter {
     }
 }
 
+/// Reads the configuration files again, as a backend does at a reload, for the lease worker's
+/// settings (`snowid.max_clock_forward`); only where no transaction is open.
+pub fn reload_configuration() {
+    // SAFETY: the lease worker calls this between its calls to the registry, outside every
+    // transaction, as PostgreSQL's own background processes call it when SIGHUP was received.
+    unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) }
+}
+
 /// Takes part in a barrier another process raised (DROP DATABASE raises one that waits for every
 /// process connected to a database), as CHECK_FOR_INTERRUPTS would, for the lease worker's waits,
 /// which do not call it.

@@ -1,5 +1,6 @@
 //! How the lease worker waits and hears that it must stop: sleeps on its latch that end at a
-//! SIGTERM, for the worker's own loop and for the registries' waits alike.
+//! SIGTERM, for the worker's own loop and for the registries' waits alike. A SIGHUP reloads the
+//! configuration at the end of the wait it came in.
 //!
 //! A SIGTERM means one of two things. At a server shutdown, the worker closes the gate, releases its
 //! lease and ends. Sent to the worker alone (`pg_terminate_backend`), it leaves at once with a
@@ -24,6 +25,9 @@ pub fn shutting_down() -> bool {
 pub fn wait(duration: Duration) -> bool {
     if !shutting_down() && BackgroundWorker::wait_latch(Some(duration)) {
         server::absorb_barriers();
+        if BackgroundWorker::sighup_received() {
+            server::reload_configuration();
+        }
         return true;
     }
     note_sigterm();

@@ -27,6 +27,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 /// after T has put ids at most T / 20 (plus the bound) ahead of the clock.
 pub const CATCH_UP_DIVISOR: i64 = 20;
 
+/// How far apart two readings of the offset can be with no step, each clock rounded down to the
+/// millisecond.
+const ROUNDING_MS: i64 = 2;
+
 /// The offset the lease worker trusts between the wall clock and the monotonic clock. All zeroes:
 /// none yet, and the wall clock is taken as it reads. Written by the lease worker alone.
 #[derive(Debug, Default)]
@@ -72,14 +76,18 @@ impl TrustedOffset {
     pub fn look(&self, clock: &impl Clock, max_forward_ms: u64) -> Look {
         let now_ms = monotonic_ms(clock);
         let observed = clock.unix_millis() - now_ms;
-        let since_ms = (now_ms - self.looked_ms.swap(now_ms, Ordering::AcqRel)).max(0);
-        let budget = since_ms / CATCH_UP_DIVISOR;
+        // Catch-up is credited for whole twentieths; the rest of the time waits for the next look.
+        let looked_ms = self.looked_ms.load(Ordering::Acquire);
+        let budget = (now_ms - looked_ms).max(0) / CATCH_UP_DIVISOR;
         let bound = max_forward_ms as i64;
+        // Two readings rounded down to the millisecond each: an offset read twice can differ by
+        // that much with no step at all.
+        let within = |ahead: i64| ahead <= bound + ROUNDING_MS;
         let offset = self.offset_ms.load(Ordering::Acquire);
         let registry = self.registry_offset_ms.load(Ordering::Acquire);
-        let trusted = if offset == 0 || observed >= offset && observed - offset <= bound {
+        let trusted = if offset == 0 || observed >= offset && within(observed - offset) {
             observed
-        } else if observed > offset && registry != 0 && observed - registry <= bound {
+        } else if observed > offset && registry != 0 && within(observed - registry) {
             // The registry's clock confirms the step.
             observed
         } else if observed > offset {
@@ -88,7 +96,7 @@ impl TrustedOffset {
                 // No further than the registry's clock, which does not confirm the step.
                 caught_up = caught_up.min(registry.max(offset));
             }
-            if observed - caught_up <= bound {
+            if within(observed - caught_up) {
                 observed
             } else {
                 caught_up
@@ -97,11 +105,22 @@ impl TrustedOffset {
             (offset - budget).max(observed)
         };
         self.offset_ms.store(trusted, Ordering::Release);
-        match observed - trusted - bound {
-            ahead if ahead > 0 => Look::HoldingBack {
-                ahead_ms: ahead as u64,
+        let ahead_ms = observed - trusted - bound;
+        let still_catching_up = ahead_ms > 0 || observed < trusted;
+        self.looked_ms.store(
+            if still_catching_up {
+                looked_ms + budget * CATCH_UP_DIVISOR
+            } else {
+                now_ms
             },
-            _ => Look::Following,
+            Ordering::Release,
+        );
+        if ahead_ms > 0 {
+            Look::HoldingBack {
+                ahead_ms: ahead_ms as u64,
+            }
+        } else {
+            Look::Following
         }
     }
 }

@@ -226,7 +226,7 @@ impl LeaseWorker {
             .look(&SystemClock, max_forward_ms);
         match (self.clock, look) {
             (Look::Following, Look::HoldingBack { ahead_ms }) => warning!(
-                "snowid holds back a step forward of the system clock: it reads {ahead_ms} ms ahead of the time ids are issued at, which follows it at 3 s a minute (snowid.max_clock_forward is {max_forward_ms} ms)"
+                "snowid holds back a step forward of the system clock: it reads {ahead_ms} ms ahead of the time ids are issued at, which follows it at 3 s a minute, with a shared registry or etcd no further than the registry's clock (snowid.max_clock_forward is {max_forward_ms} ms)"
             ),
             (Look::HoldingBack { .. }, Look::Following) => {
                 log!("snowid issues ids at the system clock's time again")
@@ -236,18 +236,27 @@ impl LeaseWorker {
         self.clock = look;
     }
 
-    /// With a shared registry or etcd: notes the registry's clock that `granted` read, `took` to
-    /// come back, and looks at the clock again, so that a step it confirms is followed at once.
-    fn hear_the_registrys_clock(&mut self, granted: &Granted, took: Duration) {
+    /// With a shared registry or etcd: notes the registry's clock that `granted` read, the claim
+    /// having taken `took_ns` to come back, and looks at the clock again; true when that follows a
+    /// step held back until then. A reading that took more than a second is too loose to judge a
+    /// step by, and is not noted.
+    fn hear_the_registrys_clock(&mut self, granted: &Granted, took_ns: u64) -> bool {
         let Some(resolution_ms) = self.registry.clock_resolution_ms() else {
-            return;
+            return false;
         };
+        let took_ms = (took_ns / 1_000_000) as i64;
+        if took_ms > 1_000 {
+            return false;
+        }
         let registry_unix_ms = granted.expires_at - self.timing.ttl.as_millis() as i64;
-        let uncertainty_ms = took.as_millis() as i64 + resolution_ms;
-        self.state
-            .trusted_offset()
-            .hear_registry(&SystemClock, registry_unix_ms, uncertainty_ms);
+        self.state.trusted_offset().hear_registry(
+            &SystemClock,
+            registry_unix_ms,
+            took_ms + 1 + resolution_ms,
+        );
+        let held_back = matches!(self.clock, Look::HoldingBack { .. });
         self.look_at_the_clock();
+        held_back && self.clock == Look::Following
     }
 
     /// On a standby: records who else holds the configured worker id, which this server could not
@@ -336,6 +345,7 @@ impl LeaseWorker {
             self.cover_claim();
         }
         let asked = Instant::now();
+        let asked_ns = SystemClock.monotonic_ns();
         // Only a lease that still runs: one that ran out may be another server's by now.
         let held = self
             .holding
@@ -377,8 +387,15 @@ impl LeaseWorker {
                 worker_id: Some(worker_id),
                 verdict: Verdict::Granted(granted),
             }) => {
-                self.hear_the_registrys_clock(&granted, asked.elapsed());
-                self.granted(worker_id, granted, sent_ns)
+                let answered_ns = SystemClock.monotonic_ns();
+                let followed = self.hear_the_registrys_clock(&granted, answered_ns - asked_ns);
+                let renew_in = self.granted(worker_id, granted, sent_ns);
+                // The reservation was made at the time held back: a new one at once.
+                if followed {
+                    Duration::ZERO
+                } else {
+                    renew_in
+                }
             }
             Ok(Answer {
                 worker_id,

@@ -34,7 +34,10 @@ def insert_order(conn, item):
             return order_id, retried
         except errors.SerializationFailure as refusal:
             if time.monotonic() + pause > deadline:
-                raise
+                sys.exit(
+                    f"retry: still refused after {RETRY_FOR_S:g} s of retries: "
+                    f"{refusal.diag.message_primary}"
+                )
             if retried == 0:
                 print(f"retry: retried SQLSTATE {refusal.sqlstate}: {refusal.diag.message_primary}")
             retried += 1

@@ -358,3 +358,46 @@ fn a_step_forward_that_the_registrys_clock_confirms_is_followed_at_the_next_gran
         .log()
         .contains("LOG:  snowid issues ids at the system clock's time again"));
 }
+
+/// `snowid.max_clock_forward` raised at a reload reaches the lease worker too: a step of 20 s that
+/// the new bound follows is issued at within two renewals (every 2 s), where a worker that kept the
+/// old bound would reserve no time past its own held-back clock.
+#[test]
+fn max_clock_forward_takes_effect_on_reload_in_the_lease_worker_too() {
+    let cluster = Cluster::start_with_fake_clock(
+        "forward-reload",
+        &[
+            "shared_preload_libraries = 'snowid'",
+            "snowid.worker_id = 17",
+            "snowid.lease_ttl = 6",
+        ],
+    );
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION snowid").unwrap();
+    assert_eq!(cluster.wait_for_lease(&mut client), "held");
+    alter_system_and_reload(&mut client, "snowid.max_clock_forward = '1h'");
+    cluster.set_clock_offset("+20");
+    let true_unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let stepped = Instant::now();
+    loop {
+        if let Ok(row) = client.query_one("SELECT snowid_next()", &[]) {
+            let id: i64 = row.get(0);
+            if unix_ms_of(id) >= true_unix_ms() + 20_000 - 100 {
+                break;
+            }
+        }
+        assert!(
+            stepped.elapsed() < Duration::from_secs(5),
+            "no id at the stepped time"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!cluster
+        .log()
+        .contains("snowid holds back a step forward of the system clock"));
+}
