@@ -153,7 +153,7 @@ fn next(last_stamp: u64, now_millis: u64, wanted: u32) -> Next {
 /// What a lease lets a server do: issue under `worker_id` ids whose millisecond is at least
 /// `floor_ms` (above every id issued before under that worker id) and below `reserved_until_ms`
 /// (the least of the bound recorded in the registry for the next holder and the one this server
-/// recorded in its data directory), until CLOCK_MONOTONIC reads `deadline_ns`.
+/// recorded in its data directory), until CLOCK_BOOTTIME reads `deadline_ns`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
     pub worker_id: u16,
@@ -403,7 +403,7 @@ impl IssuingState {
         &self.trusted_offset
     }
 
-    /// How much longer the lease lets this server issue, on CLOCK_MONOTONIC; zero while the gate is
+    /// How much longer the lease lets this server issue, on CLOCK_BOOTTIME; zero while the gate is
     /// closed.
     pub fn lease_left(&self, clock: &impl Clock) -> Duration {
         let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);

@@ -147,7 +147,7 @@ pub struct Attempt(u64);
 #[repr(C)]
 pub struct Refusals {
     calls: [AtomicU64; Reason::ALL.len()],
-    /// The episode under way: when it began (CLOCK_MONOTONIC ms) << 16 | a bit for every reason
+    /// The episode under way: when it began (CLOCK_BOOTTIME ms) << 16 | a bit for every reason
     /// already logged in it; 0 for none.
     episode: AtomicU64,
     /// Calls refused in the episode under way.
@@ -162,7 +162,7 @@ impl Refusals {
         Attempt(self.ended.load(Ordering::Acquire))
     }
 
-    /// Counts a call refused for `reason`, at `now_ms` of CLOCK_MONOTONIC; true when the call is
+    /// Counts a call refused for `reason`, at `now_ms` of CLOCK_BOOTTIME; true when the call is
     /// the first of its reason in an episode: of the first refusal since ids last flowed, or the
     /// first of another reason in the same episode. A call that began before the last episode ended
     /// is counted, but begins nothing.
@@ -196,7 +196,7 @@ impl Refusals {
     }
 
     /// Notes that a call was issued an id; ends the episode under way, if any, at the time `now_ms`
-    /// gives (CLOCK_MONOTONIC ms), read only then. One relaxed load when there is none.
+    /// gives (CLOCK_BOOTTIME ms), read only then. One relaxed load when there is none.
     pub fn issued(&self, now_ms: impl FnOnce() -> u64) -> Option<EpisodeEnd> {
         if self.episode.load(Ordering::Relaxed) == 0 {
             return None;

@@ -107,9 +107,9 @@ pub struct Status {
     /// The highest mark this run knows of: every reservation it sent, every mark it was answered
     /// (see `Verdict::Fenced`); 0 before its first claim.
     pub known_mark_ms: u64,
-    /// When the claim behind the lease held was sent (CLOCK_MONOTONIC ns; 0: none yet).
+    /// When the claim behind the lease held was sent (CLOCK_BOOTTIME ns; 0: none yet).
     pub renewed_ns: u64,
-    /// When the lease worker last started unplanned (CLOCK_MONOTONIC ns; 0: never, or planned), so
+    /// When the lease worker last started unplanned (CLOCK_BOOTTIME ns; 0: never, or planned), so
     /// that a worker failing at once is restarted at most once a second.
     pub worker_started_ns: u64,
     /// Set while the worker connects to `snowid.database`: still set at the next start, the

@@ -67,7 +67,7 @@ pub fn standby_conflict(worker_id: u16, holder: &str, is: OtherHolderIs, local: 
 
 /// Why an id was refused, for a server whose gate is closed or whose lease ran out. `worker_id` is
 /// `None` for a server that leases any free worker id and has none yet; `now_ns` is
-/// CLOCK_MONOTONIC.
+/// CLOCK_BOOTTIME.
 pub fn refusal_reason(status: &Status, worker_id: Option<u16>, now_ns: u64) -> String {
     let worker_id = worker_id.map_or("a worker id".to_string(), |id| format!("worker id {id}"));
     let error = status.last_error.as_str();

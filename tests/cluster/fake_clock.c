@@ -3,7 +3,7 @@
  * processes, it adds an offset to every reading of CLOCK_REALTIME and CLOCK_REALTIME_COARSE through
  * clock_gettime, and to gettimeofday and time. The offset is read at every reading from the file
  * FAKE_CLOCK_FILE names, in seconds with an optional sign and fraction: "+0", "-0.004", "1.5".
- * Every other clock (CLOCK_MONOTONIC, which times waits, among them) is left alone.
+ * Every other clock (CLOCK_BOOTTIME, which times waits and leases, among them) is left alone.
  *
  * PostgreSQL reads the clock inside its SIGALRM handler, which can interrupt malloc. So everything
  * on the clock's path is async-signal-safe: raw system calls, the stack, one lock-free atomic, no
