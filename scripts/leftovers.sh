@@ -54,8 +54,9 @@ remove_leftovers() {
     done
     # Ceilings that nodes of a shared registry keep in memory, not rewritten for a minute: their
     # servers are gone, or hold no lease (one that holds its lease rewrites its own twice a
-    # second), and a ceiling gone costs at most a wait at a crash restart.
-    as_root find /dev/shm -mindepth 2 -maxdepth 2 -path '/dev/shm/snowid-*/*.ceiling*' -mmin +1 -delete
+    # second), and a ceiling gone costs at most a wait at a crash restart. Trusted clocks too: one
+    # gone costs a restart's trust in the clock it starts with.
+    as_root find /dev/shm -mindepth 2 -maxdepth 2 \( -path '/dev/shm/snowid-*/*.ceiling*' -o -path '/dev/shm/snowid-*/*.clock*' \) -mmin +1 -delete
     [ ${#found[@]} -gt 0 ] || return 0
     echo "==> removing what a killed run left: ${found[*]}"
     for path in "${found[@]}"; do

@@ -126,6 +126,20 @@ impl TrustedOffset {
 }
 
 impl TrustedOffset {
+    /// The trusted offset (Unix milliseconds minus monotonic milliseconds); 0 before the first look.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Acquire)
+    }
+
+    /// Takes `offset_ms`, kept by an earlier run on this boot of the machine, for a state that
+    /// trusts none yet (shared memory set up anew by a restart); catch-up is credited from now.
+    pub fn restore(&self, clock: &impl Clock, offset_ms: i64) {
+        if self.offset_ms.load(Ordering::Acquire) == 0 {
+            self.looked_ms.store(monotonic_ms(clock), Ordering::Release);
+            self.offset_ms.store(offset_ms, Ordering::Release);
+        }
+    }
+
     /// Notes the registry's clock, read in a grant: `registry_unix_ms`, at most `uncertainty_ms`
     /// (the round trip and how finely it reads) behind its reading now.
     pub fn hear_registry(&self, clock: &impl Clock, registry_unix_ms: i64, uncertainty_ms: i64) {
@@ -133,6 +147,24 @@ impl TrustedOffset {
         self.registry_offset_ms.store(latest, Ordering::Release);
     }
 }
+
+/// The trusted offset as a file keeps it for the next run on the same boot of the machine, whose
+/// kernel `boot_id` it names: the monotonic clock starts again at every boot.
+pub fn offset_file_text(boot_id: &str, offset_ms: i64) -> String {
+    format!("{OFFSET_FILE_HEADER}\nboot_id {boot_id}\noffset_ms {offset_ms}\n")
+}
+
+/// The offset in `text`, written on the boot `boot_id` names; `None` for another boot or text
+/// that is not such a file.
+pub fn offset_from_file(text: &str, boot_id: &str) -> Option<i64> {
+    let mut lines = text.lines();
+    (lines.next()? == OFFSET_FILE_HEADER).then_some(())?;
+    (lines.next()?.strip_prefix("boot_id ")? == boot_id).then_some(())?;
+    let offset: i64 = lines.next()?.strip_prefix("offset_ms ")?.parse().ok()?;
+    (offset != 0).then_some(offset)
+}
+
+const OFFSET_FILE_HEADER: &str = "snowid trusted clock 1";
 
 fn monotonic_ms(clock: &impl Clock) -> i64 {
     (clock.monotonic_ns() / 1_000_000) as i64
@@ -310,6 +342,29 @@ mod tests {
             trusted.unix_millis(&clock, BOUND),
             clock.wall() - 7_200_000 + 1_000
         );
+    }
+
+    #[test]
+    fn a_restart_on_the_same_boot_holds_back_a_step_the_run_before_held_back() {
+        let clock = Scripted::new();
+        let before = TrustedOffset::default();
+        before.look(&clock, BOUND);
+        let text = offset_file_text("4f1c", before.offset_ms());
+        clock.step(300_000);
+        let restarted = TrustedOffset::default();
+        restarted.restore(&clock, offset_from_file(&text, "4f1c").unwrap());
+        assert_eq!(
+            restarted.look(&clock, BOUND),
+            Look::HoldingBack { ahead_ms: 299_000 }
+        );
+        // A file of another boot, or no such file, restores nothing.
+        assert_eq!(offset_from_file(&text, "77aa"), None);
+        assert_eq!(offset_from_file("below_ms 12\n", "4f1c"), None);
+        assert_eq!(offset_from_file(&offset_file_text("4f1c", 0), "4f1c"), None);
+        // A state that trusts an offset already keeps it.
+        let kept = before.offset_ms();
+        before.restore(&clock, kept + 5);
+        assert_eq!(before.offset_ms(), kept);
     }
 
     #[test]

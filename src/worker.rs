@@ -22,7 +22,7 @@ use crate::lease::{
 };
 use crate::registry::{ClaimRequest, Held, Registry, Release};
 use crate::signals::{self, sleep_unless_stopped};
-use crate::trusted_clock::Look;
+use crate::trusted_clock::{self, Look};
 use crate::{gucs, layout, server, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
@@ -88,6 +88,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         },
     };
     let timing = gucs::lease_timing();
+    let me_holder = me.holder.clone();
     let mut worker = LeaseWorker {
         state,
         timing,
@@ -110,7 +111,12 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         holding: None,
         slowness: Slowness::default(),
         clock: Look::Following,
+        clock_file: ceiling::memory_directory()
+            .ok()
+            .map(|directory| directory.join(format!("{}.clock", me_holder))),
+        clock_saved_ms: 0,
     };
+    worker.restore_the_trusted_clock();
     let mut next_look_ns = 0;
     while server::in_recovery() {
         worker.look_at_the_clock();
@@ -213,6 +219,11 @@ struct LeaseWorker {
     slowness: Slowness,
     /// What the last look at the clock found (see `look_at_the_clock`).
     clock: Look,
+    /// Where the trusted offset is kept for the next run on this boot of the machine
+    /// (`/dev/shm/snowid-UID/HOLDER.clock`); `None` where `/dev/shm` is no tmpfs of ours.
+    clock_file: Option<PathBuf>,
+    /// The offset last written there.
+    clock_saved_ms: i64,
 }
 
 impl LeaseWorker {
@@ -234,6 +245,43 @@ impl LeaseWorker {
             _ => {}
         }
         self.clock = look;
+        self.save_the_trusted_clock();
+    }
+
+    /// After a restart, which sets shared memory up anew: takes the offset the run before trusted,
+    /// so that a step it held back is not trusted now.
+    fn restore_the_trusted_clock(&mut self) {
+        let (Some(file), Some(boot_id)) = (&self.clock_file, boot_id()) else {
+            return;
+        };
+        let kept = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|text| trusted_clock::offset_from_file(&text, &boot_id));
+        if let Some(offset_ms) = kept {
+            self.state.trusted_offset().restore(&SystemClock, offset_ms);
+            self.clock_saved_ms = offset_ms;
+        }
+    }
+
+    /// Writes the trusted offset where the next run on this boot finds it, when it moved. A write
+    /// that fails costs only that: the next run trusts the clock it starts with.
+    fn save_the_trusted_clock(&mut self) {
+        let offset_ms = self.state.trusted_offset().offset_ms();
+        if offset_ms == self.clock_saved_ms {
+            return;
+        }
+        let (Some(file), Some(boot_id)) = (&self.clock_file, boot_id()) else {
+            return;
+        };
+        let mut temporary = file.as_os_str().to_owned();
+        temporary.push(".tmp");
+        let text = trusted_clock::offset_file_text(&boot_id, offset_ms);
+        if std::fs::write(&temporary, text)
+            .and_then(|()| std::fs::rename(&temporary, file))
+            .is_ok()
+        {
+            self.clock_saved_ms = offset_ms;
+        }
     }
 
     /// With a shared registry or etcd: notes the registry's clock that `granted` read, the claim
@@ -812,6 +860,13 @@ fn ceiling_policy() -> ceiling::Policy {
         lead_ms: CEILING_LEAD.as_millis() as u64,
         refresh_below_ms: Timing::ceiling_refresh_below().as_millis() as u64,
     }
+}
+
+/// The kernel's id of this boot of the machine.
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().to_string())
 }
 
 /// Removes `file`, which may be gone already.

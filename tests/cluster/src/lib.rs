@@ -987,15 +987,15 @@ impl Drop for Cluster {
             .arg(self.bindir.join("pg_ctl"))
             .args(["-D", &self.data(), "-m", "immediate", "stop"])
             .output();
-        remove_memory_ceilings(&self.bindir, Path::new(&self.data()));
+        remove_memory_files(&self.bindir, Path::new(&self.data()));
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
-/// Removes the ceilings that the server of data directory `data` (its programs in `bindir`),
-/// stopped, kept in memory for the boot as a node of a shared registry or etcd: those of its system
-/// identifier.
-pub fn remove_memory_ceilings(bindir: &Path, data: &Path) {
+/// Removes what the server of data directory `data` (its programs in `bindir`), stopped, kept in
+/// memory for the boot: its trusted clock, and as a node of a shared registry or etcd its ceiling;
+/// those of its system identifier.
+pub fn remove_memory_files(bindir: &Path, data: &Path) {
     let Ok(output) = Command::new(bindir.join("pg_controldata"))
         .arg(data)
         .output()
@@ -1006,7 +1006,10 @@ pub fn remove_memory_ceilings(bindir: &Path, data: &Path) {
     let system_identifier = text
         .lines()
         .find_map(|line| line.strip_prefix("Database system identifier:"));
-    for file in system_identifier.map_or(vec![], |id| memory_ceilings(id.trim())) {
+    let files = system_identifier.map_or(vec![], |id| {
+        memory_files(id.trim(), &[".ceiling", ".clock"])
+    });
+    for file in files {
         let _ = fs::remove_file(file);
     }
 }
@@ -1645,13 +1648,14 @@ pub fn ceiling_file(cluster: &Cluster, shared: bool) -> PathBuf {
         &mut cluster.connect(),
         "SELECT system_identifier::text FROM pg_control_system()",
     );
-    let found = memory_ceilings(&system_identifier);
+    let found = memory_files(&system_identifier, &[".ceiling"]);
     assert_eq!(found.len(), 1, "{found:?}");
     found.into_iter().next().unwrap()
 }
 
-/// The ceilings that servers of `system_identifier` keep in memory (`/dev/shm/snowid-UID/HOLDER.ceiling`).
-fn memory_ceilings(system_identifier: &str) -> Vec<PathBuf> {
+/// The ceilings and trusted clocks that servers of `system_identifier` keep in memory
+/// (`/dev/shm/snowid-UID/HOLDER.ceiling`, `HOLDER.clock`).
+fn memory_files(system_identifier: &str, suffixes: &[&str]) -> Vec<PathBuf> {
     let prefix = format!("{system_identifier}-");
     let directories = fs::read_dir("/dev/shm").into_iter().flatten().flatten();
     directories
@@ -1670,7 +1674,7 @@ fn memory_ceilings(system_identifier: &str) -> Vec<PathBuf> {
         .map(|entry| entry.path())
         .filter(|path| {
             let name = path.file_name().unwrap().to_string_lossy();
-            name.starts_with(&prefix) && name.ends_with(".ceiling")
+            name.starts_with(&prefix) && suffixes.iter().any(|suffix| name.ends_with(suffix))
         })
         .collect()
 }

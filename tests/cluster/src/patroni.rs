@@ -307,7 +307,7 @@ impl Node {
         }
         // Before the cluster's directory goes (see `PatroniCluster`'s drop).
         let bindir = PathBuf::from(pg_config("--bindir"));
-        crate::remove_memory_ceilings(&bindir, &self.dir.join("data"));
+        crate::remove_memory_files(&bindir, &self.dir.join("data"));
     }
 
     pub fn psql(&self, sql: &str) -> Result<String, String> {

@@ -3,7 +3,8 @@
 use snowid_cluster_tests::etcd::EtcdCluster;
 use snowid_cluster_tests::ids::unix_ms_of;
 use snowid_cluster_tests::{
-    alter_system_and_reload, clock_behind_ms, error_text, query_pair, Cluster, Node, NEW_REGISTRY,
+    alter_system_and_reload, clock_behind_ms, error_text, next_id_once_issuing, query_pair,
+    Cluster, Node, NEW_REGISTRY,
 };
 use std::time::{Duration, Instant};
 
@@ -400,4 +401,53 @@ fn max_clock_forward_takes_effect_on_reload_in_the_lease_worker_too() {
     assert!(!cluster
         .log()
         .contains("snowid holds back a step forward of the system clock"));
+}
+
+/// A crash restart while a step of five minutes is held back: the restarted run takes the offset
+/// its run before trusted (kept in `/dev/shm`), holds the step back too, and once the step is
+/// undone refuses for about a second, not five minutes.
+#[test]
+fn a_crash_restart_while_a_step_is_held_back_holds_it_back_too() {
+    let (cluster, _client) = issuing_with_fake_clock("forward-restart");
+    let true_unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    cluster.set_clock_offset("+300");
+    let mut client = cluster.connect();
+    let id: i64 = client
+        .query_one("SELECT snowid_next()", &[])
+        .unwrap()
+        .get(0);
+    assert!(unix_ms_of(id) <= true_unix_ms() + 1_000 + 200);
+    cluster.restart_in_mode("immediate");
+    let mut client = cluster.connect();
+    assert_eq!(cluster.wait_for_lease(&mut client), "held");
+    // The restarted run starts above its ceiling, which its run before kept ahead of the clock.
+    let (id, _) = next_id_once_issuing(
+        &mut client,
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        |refusal| refusal.starts_with("40001: snowid refuses to issue ids for another "),
+    );
+    let lead = unix_ms_of(id) - true_unix_ms();
+    assert!(
+        lead <= 1_000 + 500,
+        "the restarted run issued {lead} ms ahead"
+    );
+    cluster.set_clock_offset("+0");
+    let undone = Instant::now();
+    loop {
+        if client.query_one("SELECT snowid_next()", &[]).is_ok() {
+            break;
+        }
+        assert!(undone.elapsed() < Duration::from_secs(3), "still refused");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "refused for {:.3} s after the step held back across the crash restart was undone",
+        undone.elapsed().as_secs_f64()
+    );
 }
