@@ -123,9 +123,7 @@ impl TrustedOffset {
             Look::Following
         }
     }
-}
 
-impl TrustedOffset {
     /// The trusted offset (Unix milliseconds minus monotonic milliseconds); 0 before the first look.
     pub fn offset_ms(&self) -> i64 {
         self.offset_ms.load(Ordering::Acquire)

@@ -704,6 +704,12 @@ impl Cluster {
         );
     }
 
+    /// Removes what the server keeps in `/dev/shm` for its next run, as a restart of the machine
+    /// does (see [`remove_memory_files`]).
+    pub fn remove_memory_files(&self) {
+        remove_memory_files(&self.bindir, Path::new(&self.data()));
+    }
+
     pub fn start_again(&self) {
         self.pg_ctl("start");
     }
