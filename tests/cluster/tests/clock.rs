@@ -46,6 +46,15 @@ fn step_then_next(
     )
 }
 
+/// `registry` made a new shared registry; the connection string of its superuser, on loopback.
+fn new_registry(registry: &Cluster) -> String {
+    registry.connect().batch_execute(NEW_REGISTRY).unwrap();
+    format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres",
+        registry.port
+    )
+}
+
 /// A server whose clock the test moves, holding its lease, with `step_then_next` created.
 fn issuing_with_fake_clock(name: &str) -> (Cluster, postgres::Client) {
     let cluster = Cluster::start_with_fake_clock(
@@ -232,11 +241,7 @@ fn a_two_hour_step_forward_undone_costs_seconds_with_the_lease_table_on_the_serv
 #[test]
 fn a_two_hour_step_forward_undone_costs_seconds_with_a_shared_registry() {
     let registry = Cluster::start("forward-registry", &[]);
-    registry.connect().batch_execute(NEW_REGISTRY).unwrap();
-    let conninfo = format!(
-        "host=127.0.0.1 port={} dbname=postgres user=postgres",
-        registry.port
-    );
+    let conninfo = new_registry(&registry);
     let node = Node::start_with_fake_clock("forward-shared", Some(17), &conninfo, &[]);
     assert_forward_steps_cost_seconds("shared registry", through_forward_steps(&node.cluster));
 }
@@ -318,11 +323,7 @@ fn ids_issued_ahead_of_the_clock_are_left_behind_with_another_worker_id() {
 #[test]
 fn a_step_forward_that_the_registrys_clock_confirms_is_followed_at_the_next_grant() {
     let registry = Cluster::start_with_fake_clock("confirming-registry", &[]);
-    registry.connect().batch_execute(NEW_REGISTRY).unwrap();
-    let conninfo = format!(
-        "host=127.0.0.1 port={} dbname=postgres user=postgres",
-        registry.port
-    );
+    let conninfo = new_registry(&registry);
     // Claims every 2 s.
     let node =
         Node::start_with_fake_clock("confirmed", Some(17), &conninfo, &["snowid.lease_ttl = 6"]);
@@ -364,17 +365,8 @@ fn a_step_forward_that_the_registrys_clock_confirms_is_followed_at_the_next_gran
 /// old bound would reserve no time past its own held-back clock.
 #[test]
 fn max_clock_forward_takes_effect_on_reload_in_the_lease_worker_too() {
-    let cluster = Cluster::start_with_fake_clock(
-        "forward-reload",
-        &[
-            "shared_preload_libraries = 'snowid'",
-            "snowid.worker_id = 17",
-            "snowid.lease_ttl = 6",
-        ],
-    );
-    let mut client = cluster.connect();
-    client.batch_execute("CREATE EXTENSION snowid").unwrap();
-    assert_eq!(cluster.wait_for_lease(&mut client), "held");
+    let (cluster, mut client) =
+        Cluster::start_leased("forward-reload", 17, &["snowid.lease_ttl = 6"], true);
     alter_system_and_reload(&mut client, "snowid.max_clock_forward = '1h'");
     cluster.set_clock_offset("+20");
     let stepped = Instant::now();
