@@ -5,6 +5,7 @@ use crate::layout::MAX_WORKER_ID;
 use crate::lease::Timing;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// -1 stands for "not set": snowid refuses to issue rather than guess a worker id.
@@ -98,16 +99,39 @@ pub fn worker_id() -> Option<u16> {
     u16::try_from(WORKER_ID.get()).ok()
 }
 
+/// What the settings read at a restart only say of the worker id, read once per process:
+/// `snowid_next()` asks on every call, and `snowid.registry` is a string that a read copies.
+#[derive(Clone, Copy)]
+struct WorkerIdSource {
+    leases_a_worker_id: bool,
+    any_worker_id_without_registry: bool,
+}
+
+fn worker_id_source() -> WorkerIdSource {
+    static SOURCE: OnceLock<WorkerIdSource> = OnceLock::new();
+    *SOURCE.get_or_init(|| {
+        let (fixed, any, shared) = (
+            worker_id().is_some(),
+            ANY_WORKER_ID.get(),
+            registry().is_some(),
+        );
+        WorkerIdSource {
+            leases_a_worker_id: fixed || (any && shared),
+            any_worker_id_without_registry: !fixed && any && !shared,
+        }
+    })
+}
+
 /// Whether this server has a worker id to lease: `snowid.worker_id`, or any free one of a shared
 /// registry with `snowid.any_worker_id`.
 pub fn leases_a_worker_id() -> bool {
-    worker_id().is_some() || (ANY_WORKER_ID.get() && registry().is_some())
+    worker_id_source().leases_a_worker_id
 }
 
 /// `snowid.any_worker_id` set without `snowid.worker_id` or a shared registry: copies of this
 /// server, each with its own lease table, would all pick the same free worker id.
 pub fn any_worker_id_without_registry() -> bool {
-    worker_id().is_none() && ANY_WORKER_ID.get() && registry().is_none()
+    worker_id_source().any_worker_id_without_registry
 }
 
 pub fn max_clock_backward_ms() -> u64 {
