@@ -19,6 +19,7 @@ static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 static ANY_WORKER_ID: GucSetting<bool> = GucSetting::<bool>::new(false);
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static REQUIRE_VERIFIED_REGISTRY: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 pub fn register() {
     GucRegistry::define_int_guc(
@@ -92,6 +93,16 @@ pub fn register() {
         GucContext::Postmaster,
         GucFlags::SUPERUSER_ONLY,
     );
+    GucRegistry::define_bool_guc(
+        c"snowid.require_verified_registry",
+        c"Refuse a shared registry whose answers someone on the path could forge.",
+        c"A PostgreSQL registry reached over TCP must be verified with sslmode=verify-full or \
+          verify-ca, an etcd registry must be reached over TLS (cacert); a unix socket needs \
+          nothing. Changing it requires a server restart.",
+        &REQUIRE_VERIFIED_REGISTRY,
+        GucContext::Postmaster,
+        GucFlags::SUPERUSER_ONLY,
+    );
     crate::server::reserve_setting_prefix(c"snowid");
 }
 
@@ -152,6 +163,10 @@ pub fn lease_timing() -> Timing {
 
 pub fn database() -> String {
     setting_text(&DATABASE)
+}
+
+pub fn require_verified_registry() -> bool {
+    REQUIRE_VERIFIED_REGISTRY.get()
 }
 
 /// The registry's connection string or etcd URL, or `None` for this server.

@@ -32,7 +32,8 @@ pub enum Refusal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Reason {
-    /// `snowid.worker_id` unset, or `snowid.any_worker_id` without a registry.
+    /// `snowid.worker_id` unset, `snowid.any_worker_id` without a registry, or a registry that
+    /// `snowid.require_verified_registry` refuses.
     NotConfigured,
     InRecovery,
     NotAcquired,
@@ -110,6 +111,7 @@ impl Reason {
     pub fn of(refusal: Refusal, in_recovery: bool, status: &Status) -> Reason {
         match refusal {
             Refusal::NotLeased if in_recovery => Reason::InRecovery,
+            Refusal::NotLeased if status.registry_refused => Reason::NotConfigured,
             Refusal::NotLeased => match status.state {
                 State::Starting => Reason::NotAcquired,
                 State::Held => Reason::LeaseRanOut,
@@ -327,6 +329,14 @@ mod tests {
                 Reason::RegistryUnreachable,
             ),
             (in_state(State::Released), Reason::Released),
+            // A registry refused for want of verification: only an operator helps.
+            (
+                Status {
+                    registry_refused: true,
+                    ..in_state(State::Starting)
+                },
+                Reason::NotConfigured,
+            ),
         ];
         for (status, reason) in by_status {
             assert_eq!(Reason::of(Refusal::NotLeased, false, &status), reason);

@@ -118,6 +118,12 @@ pub struct Status {
     /// On a standby: the server that holds this server's worker id, under which this server could
     /// not issue once promoted while that server may (see `standby_conflict`); empty when none.
     pub worker_id_held_by: Text<128>,
+    /// How someone on the path to the shared registry could forge its answers (see
+    /// `registry::vet_transport`); empty for a registry reached over a unix socket or verified
+    /// TLS, or this server's own.
+    pub registry_unverified: Text<128>,
+    /// `snowid.require_verified_registry` refused the registry for that: only an operator helps.
+    pub registry_refused: bool,
 }
 
 impl Status {

@@ -139,6 +139,7 @@ pub fn bound_reason(status: &Status, worker_id: Option<u16>) -> String {
 /// What the operator can do about a refusal for a closed gate or a lease that ran out.
 pub fn refusal_hint(status: &Status, worker_id: Option<u16>) -> String {
     match (status.state, worker_id) {
+        _ if status.registry_refused => "Reach the registry over a unix socket, or with verification: sslmode=verify-full (or verify-ca) and sslrootcert in snowid.registry, or an etcd registry with cacert; or turn snowid.require_verified_registry off. Then restart the server.".into(),
         (State::HeldByOther, Some(worker_id)) if status.handover_needed => format!(
             "Give this server another snowid.worker_id and restart it, or, once {} is stopped for good, run SELECT snowid_handover({worker_id}) on this server.",
             status.holder.as_str()

@@ -10,8 +10,12 @@ mod remote;
 
 use crate::claimant::Claimant;
 use crate::gucs;
-use crate::lease::{self, Answer, OtherHolderIs, Timing};
-use crate::server;
+use crate::lease::{self, Answer, OtherHolderIs, Text, Timing};
+use crate::signals::sleep_unless_stopped;
+use crate::{server, shmem};
+use pgrx::warning;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use etcd::setting::is_etcd;
 pub use etcd::Held;
 
@@ -27,6 +31,12 @@ impl Registry {
         Some(match gucs::registry() {
             None => Registry::Local(local::Local::open(gucs::database())?),
             Some(registry) if is_etcd(&registry) => {
+                let over_http = etcd::setting::Setting::parse(&registry)
+                    .is_ok_and(|setting| setting.tls.is_none());
+                if let Err(refused) = vet_transport(over_http.then(|| "reached over http".into())) {
+                    wait_for_restart(&refused.to_string());
+                    return None;
+                }
                 Registry::Etcd(etcd::EtcdRegistry::open(&registry)?)
             }
             Some(conninfo) => Registry::Remote(remote::Remote::open(&conninfo)?),
@@ -222,9 +232,53 @@ fn known_mark_param(known_mark_ms: Option<u64>) -> Param {
     Param::Big(known_mark_ms.map_or(-1, |known| known as i64))
 }
 
+/// Records how someone on the path to the shared registry could forge its answers (`None`:
+/// nobody could), warns of it once in a run of the lease worker, and refuses the registry for it
+/// when `snowid.require_verified_registry` is on.
+fn vet_transport(unverified: Option<String>) -> Result<(), Failure> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let refused = unverified.is_some() && gucs::require_verified_registry();
+    shmem::update_lease_status(|status| {
+        status.registry_unverified = Text::new(unverified.as_deref().unwrap_or(""));
+        status.registry_refused = refused;
+    });
+    let Some(how) = unverified else {
+        return Ok(());
+    };
+    let first = !WARNED.swap(true, Ordering::Relaxed);
+    if refused {
+        let error = format!("snowid.require_verified_registry refuses the registry, {how}");
+        if first {
+            warning!("snowid lease worker: {error}");
+        }
+        return Err(Failure::Error(error));
+    }
+    if first {
+        warning!(
+            "snowid lease worker: the registry is {how}: anyone on the path could forge its grants, and two servers would then issue the same ids; verify the registry, or set snowid.require_verified_registry to refuse it"
+        );
+    }
+    Ok(())
+}
+
+/// Records why the lease worker cannot go on, and waits for the restart that changes the
+/// setting at fault.
+fn wait_for_restart(error: &str) {
+    shmem::update_lease_status(|status| status.last_error = Text::new(error));
+    while sleep_unless_stopped(Duration::from_secs(3600)) {}
+}
+
 /// How `snowid_status()` names the registry: never with the connection string, which may hold a
-/// password.
+/// password; with how its answers could be forged, if they could.
 pub fn description() -> String {
+    let named = named_registry();
+    match shmem::lease_status().registry_unverified.as_str() {
+        "" => named,
+        how => format!("{named}, unverified: {how}"),
+    }
+}
+
+fn named_registry() -> String {
     match gucs::registry() {
         // Said plainly: a lease table on this server sees no other server's worker ids.
         None => format!(

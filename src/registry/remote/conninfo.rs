@@ -85,11 +85,29 @@ pub fn per_host(options: Options) -> Vec<Options> {
         .collect()
 }
 
-pub fn lookup<'a>(options: &'a Options, key: &str) -> Option<&'a str> {
+pub fn lookup<'a>(options: &'a [(String, String)], key: &str) -> Option<&'a str> {
     options
         .iter()
         .find(|(name, _)| name == key)
         .map(|(_, value)| value.as_str())
+}
+
+/// How someone on the path could forge the answers of a session with these options, as libpq
+/// took them (the connection string with its service file and environment): `None` over a unix
+/// socket, or over TCP with a server certificate verified (`sslmode` `verify-ca` or
+/// `verify-full`).
+pub fn unverified(effective: &[(String, String)]) -> Option<String> {
+    let list = |key| lookup(effective, key).unwrap_or("").split(',').collect::<Vec<_>>();
+    let (hosts, addresses) = (list("host"), list("hostaddr"));
+    // A host without an address is a socket when libpq's default (empty) or a path.
+    let over_tcp = (0..hosts.len().max(addresses.len())).any(|index| {
+        let address = addresses.get(index).or(addresses.first()).unwrap_or(&"");
+        let host = hosts.get(index).or(hosts.first()).unwrap_or(&"").trim();
+        !address.trim().is_empty() || !(host.is_empty() || host.starts_with(['/', '@']))
+    });
+    let sslmode = lookup(effective, "sslmode").unwrap_or("prefer");
+    (over_tcp && !matches!(sslmode, "verify-ca" | "verify-full"))
+        .then(|| format!("reached over TCP with sslmode={sslmode}"))
 }
 
 /// The registry as `snowid_status()` names it: by the service, database, hosts and ports the
@@ -205,6 +223,42 @@ mod tests {
         assert_eq!(timeout("0"), Duration::from_secs(2));
         assert_eq!(timeout("soon"), Duration::from_secs(2));
         assert_eq!(connect_timeout(&options(&[])), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn only_a_socket_or_a_verified_certificate_keeps_the_path_from_forging_answers() {
+        let judge = |pairs: &[(&str, &str)]| unverified(&options(pairs));
+        assert_eq!(judge(&[]), None);
+        assert_eq!(judge(&[("host", "/var/run/postgresql")]), None);
+        assert_eq!(judge(&[("host", "@abstract")]), None);
+        assert_eq!(
+            judge(&[("host", "db1"), ("sslmode", "verify-full")]),
+            None
+        );
+        assert_eq!(
+            judge(&[("hostaddr", "10.0.0.5"), ("sslmode", "verify-ca")]),
+            None
+        );
+        let over_tcp = |mode: &str| Some(format!("reached over TCP with sslmode={mode}"));
+        assert_eq!(judge(&[("host", "localhost")]), over_tcp("prefer"));
+        assert_eq!(
+            judge(&[("host", "db1"), ("sslmode", "require")]),
+            over_tcp("require")
+        );
+        // An address makes a host TCP, even one written as a path.
+        assert_eq!(
+            judge(&[("host", "/tmp"), ("hostaddr", "127.0.0.1")]),
+            over_tcp("prefer")
+        );
+        // One host of a list over TCP is enough.
+        assert_eq!(
+            judge(&[("host", "/tmp,db2"), ("sslmode", "disable")]),
+            over_tcp("disable")
+        );
+        assert_eq!(
+            judge(&[("host", "/tmp,/var/run/postgresql"), ("sslmode", "disable")]),
+            None
+        );
     }
 
     #[test]

@@ -9,9 +9,8 @@ mod conninfo;
 mod pq;
 
 use super::{ClaimCall, Failure, Param, RELEASE_BUDGET};
-use crate::lease::{self, ClaimRow, Text};
-use crate::shmem;
-use crate::signals::{sigterm_arrived, sleep_unless_stopped};
+use crate::lease::{self, ClaimRow};
+use crate::signals::sigterm_arrived;
 use conninfo::{lookup, Options};
 use pgrx::bgworkers::BackgroundWorker;
 use pq::Connection;
@@ -39,11 +38,7 @@ impl Remote {
         let Some(options) = pq::parse(conninfo) else {
             // Not libpq's message: it may quote the connection string, password included. Only a
             // restart changes the setting, so wait for one.
-            shmem::update_lease_status(|status| {
-                status.last_error =
-                    Text::new("snowid.registry is not a valid libpq connection string")
-            });
-            while sleep_unless_stopped(Duration::from_secs(3600)) {}
+            super::wait_for_restart("snowid.registry is not a valid libpq connection string");
             return None;
         };
         Some(Remote {
@@ -143,7 +138,10 @@ impl Remote {
         let mut errors = vec![];
         for params in &self.hosts {
             let deadline = within(self.connect_timeout, budget);
-            let ready = Connection::open(params, deadline, &mut sigterm_arrived).and_then(
+            let mut vet = |effective: &[(String, String)]| {
+                super::vet_transport(conninfo::unverified(effective))
+            };
+            let ready = Connection::open(params, deadline, &mut sigterm_arrived, &mut vet).and_then(
                 |mut connection| {
                     let deadline = within(STATEMENT_LIMIT, budget);
                     let rows =

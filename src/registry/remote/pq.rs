@@ -48,6 +48,7 @@ const PG_DIAG_MESSAGE_PRIMARY: c_int = b'M' as c_int;
 extern "C" {
     fn PQconninfoParse(conninfo: *const c_char, errmsg: *mut *mut c_char) -> *mut PQconninfoOption;
     fn PQconninfoFree(options: *mut PQconninfoOption);
+    fn PQconninfo(conn: *mut PGconn) -> *mut PQconninfoOption;
     fn PQfreemem(pointer: *mut c_void);
     fn PQconnectStartParams(
         keywords: *const *const c_char,
@@ -102,20 +103,27 @@ pub fn parse(conninfo: &str) -> Option<Vec<(String, String)>> {
         if !message.is_null() {
             PQfreemem(message.cast());
         }
-        if options.is_null() {
-            return None;
-        }
-        let mut set = vec![];
-        let mut option = options;
-        while !(*option).keyword.is_null() {
-            if !(*option).val.is_null() {
-                set.push((string_of((*option).keyword), string_of((*option).val)));
-            }
-            option = option.add(1);
-        }
-        PQconninfoFree(options);
-        Some(set)
+        (!options.is_null()).then(|| options_set(options))
     }
+}
+
+/// The options of libpq's array that have a value, in libpq's names; frees the array.
+///
+/// # Safety
+///
+/// `options` is a non-NULL array that libpq allocated, ended by an entry with a NULL keyword, not
+/// used after this call.
+unsafe fn options_set(options: *mut PQconninfoOption) -> Vec<(String, String)> {
+    let mut set = vec![];
+    let mut option = options;
+    while !(*option).keyword.is_null() {
+        if !(*option).val.is_null() {
+            set.push((string_of((*option).keyword), string_of((*option).val)));
+        }
+        option = option.add(1);
+    }
+    PQconninfoFree(options);
+    set
 }
 
 /// An open connection, closed when dropped.
@@ -128,11 +136,14 @@ pub struct Connection {
 
 impl Connection {
     /// Connects with `params` (libpq's keywords and values), giving up at `deadline` or as soon as
-    /// `stop` returns true, which is asked whenever the latch is set.
+    /// `stop` returns true, which is asked whenever the latch is set. `vet` is shown the options
+    /// as libpq took them (service file and environment applied) before a password or a query is
+    /// sent, and may refuse them.
     pub fn open(
         params: &[(String, String)],
         deadline: Instant,
         stop: &mut dyn FnMut() -> bool,
+        vet: &mut dyn FnMut(&[(String, String)]) -> Result<(), Failure>,
     ) -> Result<Connection, Failure> {
         let keywords: Vec<CString> = params.iter().map(|(key, _)| c_string(key)).collect();
         let values: Vec<CString> = params.iter().map(|(_, value)| c_string(value)).collect();
@@ -157,6 +168,16 @@ impl Connection {
             let cell: *const RefCell<Option<String>> = &*connection.warning;
             PQsetNoticeReceiver(conn.as_ptr(), note_warning, cell as *mut c_void);
         }
+        // SAFETY: the live connection this value owns; PQconninfo returns NULL only when out of
+        // memory, else an array that `options_set` frees.
+        let effective = unsafe {
+            let options = PQconninfo(conn.as_ptr());
+            if options.is_null() {
+                return Err(Failure::Error("out of memory".into()));
+            }
+            options_set(options)
+        };
+        vet(&effective)?;
         let mut polling = PGRES_POLLING_WRITING;
         loop {
             let event = match polling {

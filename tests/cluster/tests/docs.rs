@@ -418,7 +418,7 @@ fn every_alert_rule_links_its_runbook_section() {
         .filter_map(|line| line.trim().strip_prefix("runbook: "))
         .map(|runbook| runbook.trim_matches('"'))
         .collect();
-    assert_eq!(alerts.len(), 5, "{rules}");
+    assert_eq!(alerts.len(), 6, "{rules}");
     assert_eq!(alerts.len(), runbooks.len(), "{rules}");
     for (alert, runbook) in alerts.iter().zip(&runbooks) {
         let section = alert.to_lowercase();

@@ -113,7 +113,10 @@ fn claim_renewal_and_release_are_keys_that_etcdctl_reads() {
     );
     assert_eq!(
         shown,
-        format!("etcd {}, keys under /snowid/", etcd.endpoints())
+        format!(
+            "etcd {}, keys under /snowid/, unverified: reached over http",
+            etcd.endpoints()
+        )
     );
 
     assert_eq!(etcd.get("/snowid/workers/5"), Some(node.holder_name()));

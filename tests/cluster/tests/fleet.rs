@@ -265,7 +265,13 @@ fn a_node_holds_its_lease_over_verified_tls_and_nodes_failing_verification_say_w
         )
     };
     let verified = format!("sslmode=verify-full sslrootcert={}", ca.display());
-    let node = Node::start("tls", Some(1), &conninfo("localhost", &verified), &[]);
+    // Verified, the registry passes snowid.require_verified_registry.
+    let node = Node::start(
+        "tls",
+        Some(1),
+        &conninfo("localhost", &verified),
+        &["snowid.require_verified_registry = on"],
+    );
     let other_ca_node = Node::start(
         "other-ca",
         Some(2),
@@ -289,6 +295,14 @@ fn a_node_holds_its_lease_over_verified_tls_and_nodes_failing_verification_say_w
     );
 
     assert_holds(&node, 1);
+    let shown: String = query_value(
+        &mut node.cluster.connect(),
+        "SELECT registry FROM snowid_status()",
+    );
+    assert_eq!(
+        shown,
+        format!("database \"postgres\" on localhost port {}", registry.port)
+    );
     let mut client = registry.connect();
     let mut sessions = vec![];
     wait_for(

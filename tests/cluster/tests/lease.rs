@@ -453,7 +453,7 @@ fn the_registry_password_shows_nowhere(fleet: &Fleet, twin: &Node, laggard: &Nod
     assert_eq!(
         registry_shown,
         format!(
-            "database \"postgres\" on 127.0.0.1 port {}",
+            "database \"postgres\" on 127.0.0.1 port {}, unverified: reached over TCP with sslmode=prefer",
             fleet.registry.port
         )
     );

@@ -6,7 +6,9 @@
 //! a LOG line when issuing resumes.
 
 use postgres::Client;
-use snowid_cluster_tests::{assert_episode_logged, error_text, free_port, Cluster};
+use snowid_cluster_tests::{
+    assert_episode_logged, error_text, free_port, Cluster, Node, NEW_REGISTRY,
+};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -110,6 +112,7 @@ fn assert_refusing_metrics(port: u16, reason: &str, refused: f64, standby: bool)
             ("snowid_lease_seconds_left", &[], 0.0),
             ("snowid_in_recovery", &[], standby),
             ("snowid_worker_id_held_elsewhere", &[], standby),
+            ("snowid_registry_unverified", &[], 0.0),
             ("snowid_lease_ttl_seconds", &[], 30.0),
             ("snowid_clock_backward_waits", &[], 0.0),
             ("snowid_sequence_overflow_waits", &[], 0.0),
@@ -125,6 +128,32 @@ fn the_lease_ttl_metric_is_the_setting_in_seconds() {
         Cluster::start_leased("monitored-ttl", 6, &["snowid.lease_ttl = 60"], false);
     let metrics = Exporter::start(server.port).scrape();
     assert_eq!(sample(&metrics, "snowid_lease_ttl_seconds", &[]), 60.0);
+}
+
+/// `snowid_registry_unverified` is 1 for a shared registry reached over TCP without verification,
+/// 0 for the same registry over its unix socket.
+#[test]
+fn the_registry_unverified_metric_tells_tcp_without_verification_from_a_socket() {
+    let registry = Cluster::start("monitored-registry", &[]);
+    registry.connect().batch_execute(NEW_REGISTRY).unwrap();
+    for (name, host, unverified) in [
+        ("monitored-tcp", "127.0.0.1".to_string(), 1.0),
+        ("monitored-socket", registry.dir().display().to_string(), 0.0),
+    ] {
+        let conninfo = format!(
+            "host={host} port={} dbname=postgres user=postgres",
+            registry.port
+        );
+        let node = Node::start(name, None, &conninfo, &[]);
+        let mut client = node.cluster.connect();
+        snowid_cluster_tests::wait_for_lease_state(&mut client, "held", Duration::from_secs(15));
+        let metrics = Exporter::start(node.cluster.port).scrape();
+        assert_eq!(
+            sample(&metrics, "snowid_registry_unverified", &[]),
+            unverified,
+            "{name}"
+        );
+    }
 }
 
 fn refuse(client: &mut Client, times: usize) -> String {
@@ -170,6 +199,7 @@ fn the_exporter_serves_snowids_metrics_from_issuing_refusing_and_standby_servers
             ("snowid_lease_held", &[], 1.0),
             ("snowid_in_recovery", &[], 0.0),
             ("snowid_worker_id_held_elsewhere", &[], 0.0),
+            ("snowid_registry_unverified", &[], 0.0),
             ("snowid_lease_ttl_seconds", &[], 30.0),
         ],
     );
