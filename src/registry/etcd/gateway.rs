@@ -4,6 +4,11 @@
 //! timed out, or an etcd error that another member may not share: no leader, leader changed) gives
 //! way to the next member of the list, which is also the first one the next call asks; the member
 //! that answered last is asked first next time.
+//!
+//! Each member's handles are kept from one request to the next, and with them its connection
+//! (HTTP keep-alive): the calls of a renewal go over one connection, with one name lookup and one
+//! TLS handshake, not one of each per call. A transfer that fails or is abandoned closes its
+//! member's connection, so the next request to that member connects afresh.
 
 use super::setting::Setting;
 use crate::registry::Failure;
@@ -35,6 +40,15 @@ pub struct Gateway {
     /// The member to ask first.
     current: usize,
     token: Option<String>,
+    /// Each member's connection, by the index of `setting.members`; `None` until the member is
+    /// asked, and after a transfer to it failed.
+    connections: Vec<Option<Connection>>,
+}
+
+/// One member's libcurl handles, which hold its connection between requests.
+struct Connection {
+    multi: Multi,
+    easy: Easy2<Answer>,
 }
 
 /// What one member's try came to.
@@ -52,6 +66,7 @@ enum Outcome {
 impl Gateway {
     pub fn new(setting: Setting) -> Gateway {
         Gateway {
+            connections: setting.members.iter().map(|_| None).collect(),
             setting,
             current: 0,
             token: None,
@@ -170,24 +185,33 @@ impl Gateway {
         )
     }
 
-    /// One request to one member, before `deadline`.
+    /// One request to one member, before `deadline`, over the member's connection when it has one.
     fn request(
-        &self,
+        &mut self,
         member: usize,
         path: &str,
         body: &Value,
         deadline: Instant,
         stop: &mut dyn FnMut() -> bool,
     ) -> Result<Outcome, Failure> {
-        let name = &self.setting.members[member];
+        let name = self.setting.members[member].clone();
         let url = format!("{}://{name}{path}", self.setting.scheme());
         let failed =
             |error: curl::Error| Outcome::NextMember(format!("etcd member {name}: {error}"));
-        let easy = match self.prepare(&url, body, deadline) {
-            Ok(easy) => easy,
-            Err(error) => return Ok(failed(error)),
+        // Taken out, and put back only after a complete answer: a transfer that fails or is
+        // abandoned drops the handles, which closes the connection.
+        let connection = match self.connections[member].take() {
+            Some(connection) => connection,
+            None => match self.open() {
+                Ok(connection) => connection,
+                Err(error) => return Ok(failed(error)),
+            },
         };
-        let (easy, result) = match transfer(easy, deadline, stop) {
+        let Connection { multi, mut easy } = connection;
+        if let Err(error) = self.prepare(&mut easy, &url, body, deadline) {
+            return Ok(failed(error));
+        }
+        let (easy, result) = match transfer(&multi, easy, deadline, stop) {
             // This member's share of the budget is over, whichever timer saw it first.
             Err(Failure::TimedOut) => {
                 return Ok(Outcome::NextMember(format!(
@@ -204,7 +228,10 @@ impl Gateway {
             });
         }
         let status = easy.response_code().unwrap_or(0);
-        let answer = easy.get_ref();
+        let answer = self.connections[member]
+            .insert(Connection { multi, easy })
+            .easy
+            .get_ref();
         let Ok(body) = serde_json::from_slice::<Value>(&answer.body) else {
             return Ok(Outcome::NextMember(format!(
                 "etcd member {name} answered HTTP {status} with no JSON: {}",
@@ -230,30 +257,20 @@ impl Gateway {
         })
     }
 
-    fn prepare(
-        &self,
-        url: &str,
-        body: &Value,
-        deadline: Instant,
-    ) -> Result<Easy2<Answer>, curl::Error> {
+    /// New handles for a member: what stays the same from one request to the next.
+    fn open(&self) -> Result<Connection, curl::Error> {
         let mut easy = Easy2::new(Answer::default());
-        easy.url(url)?;
         // A server process must not get libcurl's SIGALRM, nor follow the proxy of its environment.
         easy.signal(false)?;
         easy.noproxy("*")?;
         easy.post(true)?;
-        easy.post_fields_copy(body.to_string().as_bytes())?;
-        let mut headers = List::new();
-        headers.append("Content-Type: application/json")?;
-        if let Some(token) = &self.token {
-            headers.append(&format!("Authorization: {token}"))?;
+        // Probes of a connection left idle between renewals.
+        easy.tcp_keepalive(true)?;
+        if lookups_are_bounded() {
+            // A transfer that ends during a name lookup leaves libcurl's resolver thread to finish
+            // alone rather than wait for it (the thread frees what it holds when the lookup ends).
+            quick_exit(&easy)?;
         }
-        easy.http_headers(headers)?;
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        easy.connect_timeout(left)?;
-        easy.timeout(left)?;
         if let Some(tls) = &self.setting.tls {
             easy.cainfo(&tls.ca_file)?;
             if let Some((cert, key)) = &tls.client {
@@ -261,7 +278,83 @@ impl Gateway {
                 easy.ssl_key(key)?;
             }
         }
-        Ok(easy)
+        // The multi handle keeps the connection between transfers: the one connection to this
+        // member.
+        Ok(Connection {
+            multi: Multi::new(),
+            easy,
+        })
+    }
+
+    /// Sets up `easy` for one request, before `deadline`.
+    fn prepare(
+        &self,
+        easy: &mut Easy2<Answer>,
+        url: &str,
+        body: &Value,
+        deadline: Instant,
+    ) -> Result<(), curl::Error> {
+        *easy.get_mut() = Answer::default();
+        easy.url(url)?;
+        easy.post_fields_copy(body.to_string().as_bytes())?;
+        let mut headers = List::new();
+        headers.append("Content-Type: application/json")?;
+        if let Some(token) = &self.token {
+            headers.append(&format!("Authorization: {token}"))?;
+        }
+        easy.http_headers(headers)?;
+        // Both limits count from the start of the transfer, the name lookup included.
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        easy.connect_timeout(left)?;
+        easy.timeout(left)?;
+        Ok(())
+    }
+}
+
+/// Whether a member's name lookup ends with its deadline: libcurl resolves names in a thread of its
+/// own (asynchronous DNS) and, from 7.87.0, can end a transfer without waiting for that thread
+/// (`CURLOPT_QUICK_EXIT`). Otherwise a lookup lasts as long as the resolver takes, the worker
+/// waiting.
+pub fn lookups_are_bounded() -> bool {
+    let version = curl::Version::get();
+    version.feature_async_dns() && version.version_num() >= 0x07_57_00
+}
+
+/// What the log says at the lease worker's start when a member named by a host name would hold
+/// it up: `None` when every member is an address, or lookups are bounded.
+pub fn lookup_warning(members: &[String], bounded: bool, libcurl: &str) -> Option<String> {
+    let named: Vec<&str> = members
+        .iter()
+        .filter(|member| member.parse::<std::net::SocketAddr>().is_err())
+        .map(String::as_str)
+        .collect();
+    if named.is_empty() || bounded {
+        return None;
+    }
+    Some(format!(
+        "etcd member {} is named by a host name, and libcurl {libcurl} resolves names with no time limit: a lookup that does not answer holds the lease worker, its answer to a shutdown included, as long as the resolver takes; name the members by address",
+        named.join(", ")
+    ))
+}
+
+/// Sets `CURLOPT_QUICK_EXIT`, which the curl crate does not name.
+fn quick_exit(easy: &Easy2<Answer>) -> Result<(), curl::Error> {
+    const CURLOPT_QUICK_EXIT: std::ffi::c_int = 322;
+    extern "C" {
+        fn curl_easy_setopt(
+            handle: *mut std::ffi::c_void,
+            option: std::ffi::c_int,
+            ...
+        ) -> std::ffi::c_int;
+    }
+    // SAFETY: `easy.raw()` is a live easy handle, and the option takes a long.
+    let code =
+        unsafe { curl_easy_setopt(easy.raw().cast(), CURLOPT_QUICK_EXIT, 1 as std::ffi::c_long) };
+    match code {
+        0 => Ok(()),
+        code => Err(curl::Error::new(code as _)),
     }
 }
 
@@ -312,13 +405,14 @@ pub fn is_lease_taken(failure: &Failure) -> bool {
     )
 }
 
-/// Runs one transfer to its end, `deadline` or `stop`.
+/// Runs one transfer on `multi` to its end, `deadline` or `stop`; a transfer abandoned leaves its
+/// connection closed.
 fn transfer(
+    multi: &Multi,
     easy: Easy2<Answer>,
     deadline: Instant,
     stop: &mut dyn FnMut() -> bool,
 ) -> Result<(Easy2<Answer>, Result<(), curl::Error>), Failure> {
-    let multi = Multi::new();
     let failed = |error: curl::MultiError| Failure::Error(format!("libcurl: {error}"));
     let handle = multi.add2(easy).map_err(failed)?;
     loop {
@@ -501,6 +595,122 @@ mod tests {
             started.elapsed() < Duration::from_millis(500),
             "{:?}",
             started.elapsed()
+        );
+    }
+
+    /// A member that speaks HTTP/1.1 with keep-alive on 127.0.0.1: it answers each request with
+    /// `{"n": N}` (N counting the requests from 1) unless `answers(N)` is false, when it says
+    /// nothing until the client goes. Returns its port and the count of connections it accepted.
+    fn keep_alive_member(
+        answers: fn(usize) -> bool,
+    ) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Read, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (connections, requests) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let accepted = connections.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let stream = stream.unwrap();
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let requests = requests.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut writer = stream;
+                    loop {
+                        let mut length = 0;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some((name, value)) = line.split_once(':') {
+                                if name.eq_ignore_ascii_case("content-length") {
+                                    length = value.trim().parse().unwrap();
+                                }
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        reader.read_exact(&mut body).unwrap();
+                        let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
+                        if !answers(n) {
+                            // Until the client closes the connection.
+                            let _ = reader.read_to_end(&mut vec![]);
+                            return;
+                        }
+                        let answer = format!("{{\"n\": {n}}}");
+                        let _ = write!(
+                            writer,
+                            "HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 12:54:13 GMT\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
+                            answer.len()
+                        );
+                    }
+                });
+            }
+        });
+        (port, connections)
+    }
+
+    fn ask(gateway: &mut Gateway, budget: Duration) -> Result<Reply, Failure> {
+        let budget = Instant::now() + budget;
+        gateway.call("/v3/kv/range", &serde_json::json!({}), budget, &mut || {
+            false
+        })
+    }
+
+    #[test]
+    fn the_calls_to_a_member_share_one_connection() {
+        let (port, connections) = keep_alive_member(|_| true);
+        let setting = Setting::parse(&format!("etcd://127.0.0.1:{port}/x")).unwrap();
+        let mut gateway = Gateway::new(setting);
+        for n in 1..=3 {
+            let reply = ask(&mut gateway, Duration::from_secs(5)).unwrap();
+            assert_eq!(reply.body["n"], n);
+            assert_eq!(
+                reply.date_unix_ms,
+                http_date_unix_ms("Tue, 01 Dec 2026 12:54:13 GMT")
+            );
+        }
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_member_that_failed_to_answer_is_asked_again_on_a_new_connection() {
+        // The second request has no answer.
+        let (port, connections) = keep_alive_member(|n| n != 2);
+        let setting = Setting::parse(&format!("etcd://127.0.0.1:{port}/x")).unwrap();
+        let mut gateway = Gateway::new(setting);
+        assert_eq!(
+            ask(&mut gateway, Duration::from_secs(5)).unwrap().body["n"],
+            1
+        );
+        let Err(Failure::Error(error)) = ask(&mut gateway, Duration::from_millis(300)) else {
+            panic!("the second request was answered")
+        };
+        assert!(error.ends_with("no answer in time"), "{error}");
+        assert_eq!(
+            ask(&mut gateway, Duration::from_secs(5)).unwrap().body["n"],
+            3
+        );
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_member_named_by_a_host_name_is_warned_of_only_when_its_lookup_has_no_limit() {
+        let members = |list: &[&str]| list.iter().map(|m| m.to_string()).collect::<Vec<_>>();
+        let addresses = members(&["127.0.0.1:2379", "[::1]:2379"]);
+        let named = members(&["10.0.0.11:2379", "etcd2.internal:2379", "etcd3:2379"]);
+        assert_eq!(lookup_warning(&addresses, false, "7.52.1"), None);
+        assert_eq!(lookup_warning(&named, true, "7.88.1"), None);
+        assert_eq!(
+            lookup_warning(&named, false, "7.52.1").unwrap(),
+            "etcd member etcd2.internal:2379, etcd3:2379 is named by a host name, and libcurl 7.52.1 resolves names with no time limit: a lookup that does not answer holds the lease worker, its answer to a shutdown included, as long as the resolver takes; name the members by address"
         );
     }
 }

@@ -33,11 +33,20 @@ impl EtcdRegistry {
         // Connected to no database, the worker shows in pg_stat_activity.
         BackgroundWorker::connect_worker_to_spi(None, None);
         match Setting::parse(registry) {
-            Ok(setting) => Some(EtcdRegistry {
-                etcd: Etcd::new(setting, stop, |message| {
-                    pgrx::warning!("snowid lease worker: {message}")
-                }),
-            }),
+            Ok(setting) => {
+                let libcurl = curl::Version::get();
+                let bounded = gateway::lookups_are_bounded();
+                if let Some(warning) =
+                    gateway::lookup_warning(&setting.members, bounded, libcurl.version())
+                {
+                    pgrx::warning!("snowid lease worker: {warning}");
+                }
+                Some(EtcdRegistry {
+                    etcd: Etcd::new(setting, stop, |message| {
+                        pgrx::warning!("snowid lease worker: {message}")
+                    }),
+                })
+            }
             Err(error) => {
                 // Only a restart changes the setting, so wait for one.
                 let error = format!("snowid.registry is not a valid etcd registry: {error}");
