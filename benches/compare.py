@@ -6,8 +6,10 @@ whose rows carry other work (an md5 of the row number), slow enough to stay belo
 cost of one id is the loop's time with the expression less its time without it, over the rows.
 
 measure: on a running server, times each loop once, in an order that turns with the round, and
-prints one JSON line per loop. report: the median cost per id of every expression for each build,
-the spread of the rounds, and the difference between the builds.
+prints one JSON line per loop; a server in a registry mode other than the lease table times the bare
+loop and snowid_next() only. report: the median cost per id of every expression for each build,
+the spread of the rounds, and the difference between the builds; with registry modes, snowid_next()
+in each mode beside the lease table's.
 """
 
 import argparse
@@ -32,6 +34,7 @@ EXPRESSIONS = {
     "gen_random_uuid()": "gen_random_uuid()",
 }
 BARE = "no call (the loop alone)"
+LEASE_TABLE = "lease-table"
 REPEATS = 3
 SET_UP = """
 CREATE SEQUENCE compare_plain;
@@ -62,7 +65,7 @@ def measure(args):
         sys.exit("compare.py: the server did not hold its lease within 30 s")
     psql(args, SET_UP)
     version = psql(args, "SHOW server_version").split()[0]
-    names = list(EXPRESSIONS)
+    names = list(EXPRESSIONS) if args.mode == LEASE_TABLE else [BARE, "snowid_next()"]
     names = names[args.round % len(names):] + names[:args.round % len(names)]
     # A warm-up of every loop, so that the first timed one does not pay for loading code.
     for name in names:
@@ -77,23 +80,27 @@ def measure(args):
         if name == "snowid_next()" and args.ids / fastest > 0.8 * CAP:
             sys.exit(f"compare.py: the snowid loop ran at {args.ids / fastest:,.0f} ids/s, near "
                      f"the cap of {CAP:,}: the cap would hide the cost of a call")
-        print(json.dumps({"build": args.build, "expression": name, "seconds": fastest,
-                          "server_version": version}))
+        print(json.dumps({"build": args.build, "mode": args.mode, "expression": name,
+                          "seconds": fastest, "server_version": version}))
 
 
-def ns_per_id(samples, build, name, ids):
+def ns_per_id(samples, build, name, ids, mode=LEASE_TABLE):
     """The median over rounds of the expression's time less the bare loop's, per row, with the
     lowest and highest round."""
-    times = [s["seconds"] for s in samples if s["build"] == build and s["expression"] == name]
-    bare = [s["seconds"] for s in samples if s["build"] == build and s["expression"] == BARE]
+    ours = [s for s in samples if s["build"] == build and s["mode"] == mode]
+    times = [s["seconds"] for s in ours if s["expression"] == name]
+    bare = [s["seconds"] for s in ours if s["expression"] == BARE]
     costs = [(t - b) / ids * 1e9 for t, b in zip(times, bare)]
     return statistics.median(costs), min(costs), max(costs)
 
 
 def report(args):
-    samples = [json.loads(line) for path in args.samples for line in open(path)]
+    samples = [{"mode": LEASE_TABLE, **json.loads(line)} for path in args.samples
+               for line in open(path)]
     builds = list(dict.fromkeys(s["build"] for s in samples))
-    rounds = sum(1 for s in samples if s["build"] == builds[0] and s["expression"] == BARE)
+    modes = list(dict.fromkeys(s["mode"] for s in samples))
+    rounds = sum(1 for s in samples if s["build"] == builds[0] and s["expression"] == BARE
+                 and s["mode"] == LEASE_TABLE)
     lines = [
         f"Machine: {os.cpu_count()} cores ({platform.machine()}), PostgreSQL "
         f"{samples[0]['server_version']}; {rounds} rounds, "
@@ -108,8 +115,8 @@ def report(args):
         cells = []
         for build in builds:
             if name == BARE:
-                bare = [s["seconds"] for s in samples
-                        if s["build"] == build and s["expression"] == BARE]
+                bare = [s["seconds"] for s in samples if s["build"] == build
+                        and s["expression"] == BARE and s["mode"] == LEASE_TABLE]
                 cells.append(f"{statistics.median(bare) / args.ids * 1e9:.1f} per row")
             else:
                 median, low, high = ns_per_id(samples, build, name, args.ids)
@@ -124,10 +131,38 @@ def report(args):
             f"{builds[1]} ({(after[0] - before[0]) / before[0]:+.1%}); the rounds of one build "
             f"spread over up to {spread:.1f} ns.",
         ]
+    if len(modes) > 1:
+        lines += registry_modes(samples, builds, modes, args.ids)
     text = "\n".join(lines) + "\n"
     with open(args.out, "w") as out:
         out.write(text)
     print(text)
+
+
+def registry_modes(samples, builds, modes, ids):
+    """snowid_next() in each registry mode, each beside the lease table's, the spread of whose
+    rounds says what a difference is worth."""
+    lines = [
+        "",
+        "### snowid_next() in each registry mode: nanoseconds per id, median (lowest – highest round)",
+        "",
+        "| mode | " + " | ".join(builds) + " |",
+        "|---|" + "---:|" * len(builds),
+    ]
+    for mode in modes:
+        cells = ["{:.1f} ({:.1f} – {:.1f})".format(*ns_per_id(samples, b, "snowid_next()", ids, mode))
+                 for b in builds]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for build in builds:
+        base, low, high = ns_per_id(samples, build, "snowid_next()", ids)
+        spread = high - low
+        for mode in modes[1:]:
+            cost = ns_per_id(samples, build, "snowid_next()", ids, mode)[0]
+            verdict = "within" if abs(cost - base) <= spread else "outside"
+            lines.append(f"- {build}, {mode}: {cost - base:+.1f} ns per id from {LEASE_TABLE}, "
+                         f"{verdict} the {spread:.1f} ns over which {LEASE_TABLE}'s rounds spread")
+    return lines
 
 
 def main():
@@ -135,6 +170,7 @@ def main():
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("measure")
     run.add_argument("--build", required=True)
+    run.add_argument("--mode", default=LEASE_TABLE)
     run.add_argument("--round", type=int, required=True)
     run.add_argument("--ids", type=int, required=True)
     run.add_argument("--psql", required=True)
