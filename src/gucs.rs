@@ -97,11 +97,11 @@ pub fn register() {
         c"snowid.require_verified_registry",
         c"Refuse a shared registry whose answers someone on the path could forge.",
         c"A PostgreSQL registry reached over TCP must be verified with sslmode=verify-full or \
-          verify-ca, an etcd registry must be reached over TLS (cacert); a unix socket needs \
-          nothing. Changing it requires a server restart.",
+          verify-ca, an etcd registry must be reached over TLS (cacert); a unix socket in the \
+          file system needs nothing. Changing it requires a server restart.",
         &REQUIRE_VERIFIED_REGISTRY,
         GucContext::Postmaster,
-        GucFlags::SUPERUSER_ONLY,
+        GucFlags::default(),
     );
     crate::server::reserve_setting_prefix(c"snowid");
 }

@@ -268,7 +268,9 @@ impl Gateway {
         easy.tcp_keepalive(true)?;
         if lookups_are_bounded() {
             // A transfer that ends during a name lookup leaves libcurl's resolver thread to finish
-            // alone rather than wait for it (the thread frees what it holds when the lookup ends).
+            // alone rather than wait for it. libcurl means the option for programs about to exit:
+            // here each lookup abandoned keeps a thread, and what it holds, until the resolver
+            // gives up, which bounds them.
             quick_exit(&easy)?;
         }
         if let Some(tls) = &self.setting.tls {

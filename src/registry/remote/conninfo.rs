@@ -94,20 +94,34 @@ pub fn lookup<'a>(options: &'a [(String, String)], key: &str) -> Option<&'a str>
 
 /// How someone on the path could forge the answers of a session with these options, as libpq
 /// took them (the connection string with its service file and environment): `None` over a unix
-/// socket, or over TCP with a server certificate verified (`sslmode` `verify-ca` or
-/// `verify-full`).
+/// socket in the file system, or over TCP with a server certificate verified (`sslmode`
+/// `verify-ca` or `verify-full`). An abstract socket (`@name`) has no file permissions: any local
+/// process may take its name while the registry is down.
 pub fn unverified(effective: &[(String, String)]) -> Option<String> {
     let list = |key| lookup(effective, key).unwrap_or("").split(',').collect::<Vec<_>>();
     let (hosts, addresses) = (list("host"), list("hostaddr"));
     // A host without an address is a socket when libpq's default (empty) or a path.
-    let over_tcp = (0..hosts.len().max(addresses.len())).any(|index| {
+    let entries = (0..hosts.len().max(addresses.len())).map(|index| {
         let address = addresses.get(index).or(addresses.first()).unwrap_or(&"");
         let host = hosts.get(index).or(hosts.first()).unwrap_or(&"").trim();
-        !address.trim().is_empty() || !(host.is_empty() || host.starts_with(['/', '@']))
+        (address.trim(), host)
     });
+    let (mut over_tcp, mut abstract_socket) = (false, false);
+    for (address, host) in entries {
+        if address.is_empty() && host.starts_with('@') {
+            abstract_socket = true;
+        } else if !address.is_empty() || !(host.is_empty() || host.starts_with('/')) {
+            over_tcp = true;
+        }
+    }
     let sslmode = lookup(effective, "sslmode").unwrap_or("prefer");
-    (over_tcp && !matches!(sslmode, "verify-ca" | "verify-full"))
-        .then(|| format!("reached over TCP with sslmode={sslmode}"))
+    if over_tcp && !matches!(sslmode, "verify-ca" | "verify-full") {
+        Some(format!("reached over TCP with sslmode={sslmode}"))
+    } else if abstract_socket {
+        Some("reached over an abstract unix socket, which any local process may take".into())
+    } else {
+        None
+    }
 }
 
 /// The registry as `snowid_status()` names it: by the service, database, hosts and ports the
@@ -230,7 +244,10 @@ mod tests {
         let judge = |pairs: &[(&str, &str)]| unverified(&options(pairs));
         assert_eq!(judge(&[]), None);
         assert_eq!(judge(&[("host", "/var/run/postgresql")]), None);
-        assert_eq!(judge(&[("host", "@abstract")]), None);
+        assert_eq!(
+            judge(&[("host", "@abstract")]),
+            Some("reached over an abstract unix socket, which any local process may take".into())
+        );
         assert_eq!(
             judge(&[("host", "db1"), ("sslmode", "verify-full")]),
             None

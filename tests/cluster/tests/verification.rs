@@ -120,13 +120,29 @@ fn a_postgresql_registry_over_tcp_unverified_is_named_warned_of_once_and_refused
     assert!(log.contains("LOG:  snowid lease worker could not claim the lease, and tries again"));
     assert_eq!(log.matches(&warning).count(), 1);
 
-    let refused = Node::start("refused", Some(6), &over_tcp, &[REQUIRE]);
+    let mut refused = Node::start("refused", Some(6), &over_tcp, &[REQUIRE]);
     assert_refused(&refused, 6, how);
     let claimed: i64 = query_value(
         &mut registry.connect(),
         "SELECT count(*) FROM snowid.worker_lease WHERE worker_id = 6 AND holder IS NOT NULL",
     );
     assert_eq!(claimed, 0, "no claim was sent");
+
+    // libpq's environment counts as the connection string does: with PGSSLMODE=verify-full the
+    // registry passes the setting, and libpq itself then refuses a server without TLS.
+    refused
+        .cluster
+        .restart_with_environment(&["PGSSLMODE=verify-full"]);
+    let mut client = refused.cluster.connect();
+    snowid_cluster_tests::wait_for("libpq's own refusal", Duration::from_secs(10), || {
+        query_value::<Option<String>>(&mut client, "SELECT last_error FROM snowid_status()")
+            .is_some_and(|error| error.contains("server does not support SSL, but SSL was required"))
+    });
+    assert_eq!(
+        registry_shown(&mut client),
+        format!("database \"postgres\" on 127.0.0.1 port {}", registry.port)
+    );
+    assert!(next_id(&mut client).unwrap_err().starts_with("40001: "));
 }
 
 #[test]
