@@ -482,7 +482,11 @@ fn a_service_file_names_the_registry_and_the_status_names_only_the_service() {
         &mut node.cluster.connect(),
         "SELECT registry FROM snowid_status()",
     );
-    assert_eq!(shown, "service \"snowid_registry\"");
+    // The service file's options are judged as libpq took them: TCP without verification.
+    assert_eq!(
+        shown,
+        "service \"snowid_registry\", unverified: reached over TCP with sslmode=prefer"
+    );
     let (holder, _, holder_name, holder_role, _, _) = lease_row(&mut registry.connect(), 5);
     assert!(holder.is_some());
     assert_eq!(
