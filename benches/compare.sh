@@ -68,12 +68,7 @@ if [[ ,$modes, == *,shared-registry,* || ,$modes, == *,any-worker-id,* ]]; then
 fi
 if [[ ,$modes, == *,etcd,* ]]; then
     rm -rf "$etcd_dir" && mkdir -p "$etcd_dir"
-    etcd --name compare --data-dir "$etcd_dir/data" \
-        --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-        --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-        --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-        --initial-cluster "compare=http://127.0.0.1:$etcd_peer_port" >"$etcd_dir/etcd.log" 2>&1 &
-    echo $! >"$etcd_dir/etcd.pid"
+    start_etcd "$etcd_dir" "$etcd_port" "$etcd_peer_port"
 fi
 registry="snowid.registry = 'host=$registry_dir port=$registry_port dbname=postgres user=postgres'"
 # mode_settings MODE: the snowid settings of a server in MODE.

@@ -192,17 +192,8 @@ EOF
     etcd)
         etcd_version=$(etcd --version | sed -n 's/^etcd Version: //p')
         echo "==> the registry: etcd $etcd_version, one member on port $etcd_port"
-        etcd --name fleet --data-dir "$work/etcd" \
-            --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-            --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-            --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-            --initial-cluster "fleet=http://127.0.0.1:$etcd_peer_port" >"$work/etcd.log" 2>&1 &
-        etcd_pid=$!
-        for _ in $(seq 100); do
-            curl -sf "http://127.0.0.1:$etcd_port/health" >/dev/null && break
-            sleep 0.1
-        done
-        curl -sf "http://127.0.0.1:$etcd_port/health" >/dev/null || { tail -n 5 "$work/etcd.log" >&2; exit 1; }
+        start_etcd "$work" "$etcd_port" "$etcd_peer_port"
+        etcd_pid=$(cat "$work/etcd.pid")
         make_servers "etcd://127.0.0.1:$etcd_port/snowid"
         sync
         measure --registry etcd --etcd "127.0.0.1:$etcd_port" --registry-version "$etcd_version" \

@@ -35,6 +35,7 @@ import argparse
 import base64
 import ctypes
 import ctypes.util
+import helpers
 import http.client
 import json
 import os
@@ -737,14 +738,6 @@ def measure(args):
 NAMES = {"postgres": "PostgreSQL", "etcd": "etcd"}
 
 
-def machine():
-    with open("/proc/cpuinfo") as cpuinfo:
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
-                     platform.machine())
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({model}), {memory_gib:.0f} GiB of memory"
-
-
 def report(args):
     runs = []
     for path in args.files:
@@ -754,7 +747,7 @@ def report(args):
     lines = [
         "# A fleet that starts at once",
         "",
-        f"Machine: {machine()}; every server and the registry on it. {first['start']['servers']} "
+        f"Machine: {helpers.machine()}; every server and the registry on it. {first['start']['servers']} "
         f"PostgreSQL servers ({first['settings']}), each with `snowid.any_worker_id = on` and "
         f"`snowid.lease_ttl = {first['lease_ttl']}` (a renewal every {first['lease_ttl'] / 3:g} s), "
         "started together (every `pg_ctl start` launched at once) against one shared registry: "

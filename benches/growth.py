@@ -26,7 +26,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import platform
 import statistics
 import sys
 
@@ -139,14 +138,6 @@ def median_and_range(values, form):
     return f"{form(statistics.median(values))} ({form(min(values))} – {form(max(values))})"
 
 
-def machine():
-    with open("/proc/cpuinfo") as cpuinfo:
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
-                     platform.machine())
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({model}), {memory_gib:.0f} GiB of memory"
-
-
 def report(args):
     results = []
     for path in args.files:
@@ -156,7 +147,7 @@ def report(args):
     rows, step_rows = first["rows"], first["step"]
     bigserial = next(result for result in results if result["scheme"] == "bigserial")
     baseline = statistics.median(step["rows_per_s"] for step in last_steps(bigserial))
-    setup = (f"Machine: {machine()}, the data directory on {args.storage}. PostgreSQL {first['version']}: "
+    setup = (f"Machine: {helpers.machine()}, the data directory on {args.storage}. PostgreSQL {first['version']}: "
              f"{first['settings']}, every other setting at its default; a fresh server for each key; "
              f"{SESSIONS} sessions inserting {ROWS_PER_TRANSACTION:,}-row transactions into a table created "
              "WITH (autovacuum_enabled = off).")

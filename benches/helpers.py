@@ -1,5 +1,8 @@
-"""What the benchmark scripts share: running SQL through psql on one of the local servers."""
+"""What the benchmark scripts share: running SQL through psql on one of the local servers, and
+naming the machine a run was made on."""
 
+import os
+import platform
 import subprocess
 import sys
 
@@ -13,3 +16,12 @@ def psql(program, port, sql):
     if done.returncode != 0:
         sys.exit(f"psql failed: {done.stderr.strip()}")
     return done.stdout.split("\n")
+
+
+def machine():
+    """The machine, as a report names it: cores, processor model and memory."""
+    with open("/proc/cpuinfo") as cpuinfo:
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+                     platform.machine())
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({model}), {memory_gib:.0f} GiB of memory"

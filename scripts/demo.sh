@@ -138,12 +138,7 @@ patroni_demo() {
     mkdir -p "$patroni_dir"
     trap 'echo "demo.sh patroni failed: see $patroni_dir/etcd.log and $patroni_dir/node*/patroni.log; scripts/demo.sh stop stops what it started" >&2' ERR
     echo "==> etcd on 127.0.0.1:$etcd_port, then two Patroni nodes in $patroni_dir"
-    etcd --name demo --data-dir "$patroni_dir/etcd" \
-        --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-        --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-        --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-        --initial-cluster "demo=http://127.0.0.1:$etcd_peer_port" >"$patroni_dir/etcd.log" 2>&1 &
-    echo $! >"$patroni_dir/etcd.pid"
+    start_etcd "$patroni_dir" "$etcd_port" "$etcd_peer_port"
     start_node 1 "$pg_port1" "$rest_port1"
     wait_for "node1 becoming the primary" recovery_is "$pg_port1" f
     psql_at "$pg_port1" <<'SQL'

@@ -225,3 +225,22 @@ stop_cluster() {
     [ -f "$dir/data/postmaster.pid" ] || return 0
     as_cluster_owner "$("$PG_CONFIG" --bindir)/pg_ctl" -D "$dir/data" -m fast stop >/dev/null || true
 }
+
+# start_etcd DIR CLIENT_PORT PEER_PORT: a one-member etcd in the background on loopback over plain
+# http, its data in DIR/etcd, its log DIR/etcd.log and its PID in DIR/etcd.pid; answering once this
+# returns.
+start_etcd() {
+    local dir=$1 client="http://127.0.0.1:$2" peer="http://127.0.0.1:$3"
+    etcd --name snowid --data-dir "$dir/etcd" \
+        --listen-client-urls "$client" --advertise-client-urls "$client" \
+        --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+        --initial-cluster "snowid=$peer" >"$dir/etcd.log" 2>&1 &
+    echo $! >"$dir/etcd.pid"
+    local tries
+    for tries in $(seq 100); do
+        curl -sf "$client/health" >/dev/null && return 0
+        sleep 0.1
+    done
+    tail -n 5 "$dir/etcd.log" >&2
+    return 1
+}
