@@ -55,7 +55,7 @@ IDS_PER_SERVER = 1000
 SESSION_OPTIONS = ("-c search_path=pg_catalog,pg_temp -c synchronous_commit=on -c client_min_messages=warning "
                    "-c statement_timeout=2000 -c lock_timeout=2000")
 
-# src/lease/sql.rs: what the worker asks a new connection, and its claim of any worker id.
+# core/src/lease/sql.rs: what the worker asks a new connection, and its claim of any worker id.
 READY_SQL = """SELECT pg_catalog.count(*) = 3 FROM pg_catalog.pg_depend d
      JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowid'
      WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.deptype = 'e'

@@ -12,20 +12,16 @@ mod api;
 mod base32;
 mod ceiling;
 mod claimant;
-mod clock;
 mod errors;
-mod generator;
 mod gucs;
-mod hash;
-mod layout;
-mod lease;
-mod refusals;
 mod registry;
 mod server;
 mod shmem;
 mod signals;
-mod trusted_clock;
 mod worker;
+
+// The decisions, from the crate that holds them without pgrx, under the names the glue uses.
+use snowid_core::{clock, generator, hash, layout, lease, refusals, trusted_clock};
 
 ::pgrx::pg_module_magic!(name, version);
 

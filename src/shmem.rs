@@ -22,20 +22,16 @@
 use crate::generator::IssuingState;
 use crate::lease::Status;
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic, PgLwLock};
+use pgrx::{pg_shmem_init, AssertPGRXSharedMemory, PgAtomic, PgLwLock};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 // SAFETY: IssuingState is a plain struct of atomics with no pointers, valid when zeroed and safe to
-// use from any number of processes at once.
-unsafe impl PGRXSharedMemory for IssuingState {}
-
-// SAFETY: Status is plain data (numbers and fixed-size byte arrays), with no pointers into any
-// process's memory.
-unsafe impl PGRXSharedMemory for Status {}
-
-// SAFETY: the names are unique to snowid, so no other extension's shared memory can collide.
-static ISSUING: PgAtomic<IssuingState> = unsafe { PgAtomic::new(c"snowid issuing state") };
-static LOCK: PgLwLock<Status> = unsafe { PgLwLock::new(c"snowid") };
+// use from any number of processes at once; Status is plain data (numbers and fixed-size byte
+// arrays), with no pointers into any process's memory. The names are unique to snowid, so no other
+// extension's shared memory can collide.
+static ISSUING: PgAtomic<AssertPGRXSharedMemory<IssuingState>> =
+    unsafe { PgAtomic::new(c"snowid issuing state") };
+static LOCK: PgLwLock<AssertPGRXSharedMemory<Status>> = unsafe { PgLwLock::new(c"snowid") };
 
 /// Set in the postmaster while it preloads the library; every backend inherits it by fork.
 static PRELOADED: AtomicBool = AtomicBool::new(false);
@@ -49,11 +45,14 @@ pub fn preloading() -> bool {
 
 /// Asks the server for the shared state; only while [`preloading`].
 pub fn init() {
-    pg_shmem_init!(ISSUING);
+    // SAFETY: both types are shared-memory safe, as said at ISSUING and LOCK.
+    pg_shmem_init!(ISSUING = unsafe { AssertPGRXSharedMemory::new(IssuingState::default()) });
     pg_shmem_init!(
-        LOCK = Status {
-            incarnation: random_u64(),
-            ..Status::default()
+        LOCK = unsafe {
+            AssertPGRXSharedMemory::new(Status {
+                incarnation: random_u64(),
+                ..Status::default()
+            })
         }
     );
     PRELOADED.store(true, Ordering::Relaxed);
@@ -61,12 +60,12 @@ pub fn init() {
 
 /// The shared generator state, or `None` when the library was not in `shared_preload_libraries`.
 pub fn issuing_state() -> Option<&'static IssuingState> {
-    PRELOADED.load(Ordering::Relaxed).then(|| ISSUING.get())
+    PRELOADED.load(Ordering::Relaxed).then(|| &**ISSUING.get())
 }
 
 /// The lease as the lease worker last recorded it. Only call when preloaded.
 pub fn lease_status() -> Status {
-    *LOCK.share()
+    **LOCK.share()
 }
 
 pub fn update_lease_status<R>(update: impl FnOnce(&mut Status) -> R) -> R {

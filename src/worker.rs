@@ -593,7 +593,7 @@ impl LeaseWorker {
             );
         } else {
             warning!(
-                "snowid lease worker: another copy of this server's memory (a virtual machine resumed from a snapshot of its memory, or a running one forked) claimed the lease on {worker_id} since this copy last did: this copy issues no more ids under it, and claims again as a new run of the server"
+                "snowid lease worker: another copy of this server's memory (a virtual machine resumed from a snapshot of its memory, or a running one forked) claimed the lease on {worker_id} since this copy last did, or another server did after an operator freed it: this copy issues no more ids under it, and claims again as a new run of the server"
             );
         }
         self.me.become_a_new_run();

@@ -31,6 +31,7 @@ use super::keys::{new_mark, plan, KeysRead, Plan, WORKER_IDS};
 use crate::lease::{Answer, Granted, Verdict};
 use crate::registry::Failure;
 use serde_json::json;
+use snowid_core::grant;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -273,7 +274,7 @@ impl Etcd {
         budget: Instant,
     ) -> Result<Option<Answer>, Failure> {
         let snapshot = self.read(worker_id, budget)?;
-        let plan = plan(&snapshot, request).map_err(Failure::Error)?;
+        let plan = plan(&snapshot, worker_id, request).map_err(Failure::Error)?;
         let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
         let registry_ms = snapshot.registry_unix_ms;
         let new_mark_ms = new_mark(mark_ms, request.reserve_until_ms, registry_ms, request.ttl);
@@ -290,6 +291,11 @@ impl Etcd {
                 )));
             }
             Plan::Fenced { lease } => {
+                // Keys gone: the worker id's etcd lease is the one its holder holds, if any.
+                let lease = match lease {
+                    0 => lease_id(self.prefix(), worker_id),
+                    lease => lease,
+                };
                 let left_s = self.time_to_live(lease, budget)?.max(0);
                 return Ok(Some(Answer {
                     worker_id: Some(worker_id),
@@ -492,7 +498,7 @@ impl Etcd {
             if known_mark_ms.is_some_and(|known| mark_ms > known) {
                 return Ok(());
             }
-            let lowered = own.acquired_mark_ms.max(mark_ms.min(high_water_ms));
+            let lowered = grant::released_mark(mark_ms, own.acquired_mark_ms, high_water_ms);
             let ops = vec![
                 put(&self.key("marks", worker_id), &lowered.to_string(), 0),
                 delete(&self.key("workers", worker_id)),

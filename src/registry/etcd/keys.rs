@@ -4,11 +4,8 @@
 
 use crate::layout::EPOCH_UNIX_MS;
 use serde_json::{json, Value};
+use snowid_core::grant::{self, Claim, Decision, Place, Row, RowHolder};
 use std::time::Duration;
-
-/// How far ahead of the registry's clock a claim may reserve, beyond its time-to-live, as the
-/// PostgreSQL registry allows: a server whose clock runs far ahead cannot spend the worker id.
-const RESERVATION_SLACK_MS: u64 = 3_600_000;
 
 pub const WORKER_IDS: u16 = 1024;
 
@@ -155,49 +152,56 @@ pub enum Plan {
     Fenced { lease: i64 },
 }
 
-/// Decides a claim of the worker id `snapshot` shows.
-pub fn plan(snapshot: &KeysRead, request: &Request) -> Result<Plan, String> {
+/// Decides a claim of `worker_id`, whose keys `snapshot` shows, by the grant rule every registry
+/// runs (`grant::decide`). A new epoch (see `history`) is applied before, by `Etcd::hold_back`.
+pub fn plan(snapshot: &KeysRead, worker_id: u16, request: &Request) -> Result<Plan, String> {
     let mark_ms = snapshot.mark_ms()?;
-    // A key bound to no etcd lease was written back by hand, and holds nothing.
-    let Some(name) = snapshot
-        .worker
-        .value
-        .as_ref()
-        .filter(|_| snapshot.worker.lease != 0)
-    else {
-        return Ok(Plan::Take { floor_ms: mark_ms });
+    let record = snapshot.holder();
+    // The `workers` key says whether anybody holds the worker id, and under which etcd lease: one
+    // bound to none was written back by hand, and holds nothing; the `holders` key says who.
+    let holder = snapshot.worker.value.as_ref().map(|_| RowHolder {
+        holder: record.as_ref().map_or("", |record| &record.holder),
+        incarnation: record.as_ref().map_or("", |record| &record.incarnation),
+        live: snapshot.worker.lease != 0,
+    });
+    let row = Row {
+        holder,
+        mark_ms,
+        released: None,
     };
-    Ok(match snapshot.holder() {
-        Some(holder)
-            if holder.holder == request.holder && holder.incarnation == request.incarnation =>
-        {
-            if request.known_mark_ms.is_some_and(|known| mark_ms > known) {
-                Plan::Fenced {
-                    lease: snapshot.worker.lease,
-                }
-            } else {
-                Plan::Renew {
-                    lease: snapshot.worker.lease,
-                    holder,
-                }
-            }
+    let claim = Claim {
+        holder: request.holder,
+        incarnation: request.incarnation,
+        place: Place::Shared,
+        timeline: 0,
+        by_word: request.held.is_some_and(|held| held.worker_id == worker_id),
+        known_mark_ms: request.known_mark_ms,
+        same_role: true,
+    };
+    let lease = snapshot.worker.lease;
+    Ok(match (grant::decide(&row, &claim, false), record) {
+        (Decision::Grant { renewal: true, .. }, Some(holder)) if lease != 0 => {
+            Plan::Renew { lease, holder }
         }
-        _ => Plan::Refuse {
-            holder_name: name.clone(),
-            lease: snapshot.worker.lease,
+        (Decision::Grant { floor_ms, .. }, _) => Plan::Take { floor_ms },
+        (Decision::Fenced, _) => Plan::Fenced { lease },
+        (Decision::HeldByOther { .. } | Decision::Unsettled, _) => Plan::Refuse {
+            holder_name: snapshot.worker.value.clone().unwrap_or_default(),
+            lease,
         },
     })
 }
 
-/// The mark after a claim that reserves up to `reserve_until_ms`: at most the lease's length and an
-/// hour past etcd's clock (`registry_unix_ms`, whole seconds), and at least a millisecond above
-/// `mark_ms`, so that a claim of another copy of the holder's memory shows even while the clocks
-/// are behind the mark.
+/// The mark after a claim that reserves up to `reserve_until_ms` (see `grant::new_mark`), etcd's
+/// clock read from its `Date` (`registry_unix_ms`, whole seconds).
 pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, registry_unix_ms: i64, ttl: Duration) -> u64 {
     let registry_ms = (registry_unix_ms - EPOCH_UNIX_MS).max(0) as u64;
-    let cap_ms =
-        registry_ms + DATE_RESOLUTION_MS as u64 + ttl.as_millis() as u64 + RESERVATION_SLACK_MS;
-    (mark_ms + 1).max(reserve_until_ms.min(cap_ms))
+    let cap_ms = grant::reservation_cap_ms(
+        registry_ms,
+        DATE_RESOLUTION_MS as u64,
+        ttl.as_millis() as u64,
+    );
+    grant::new_mark(mark_ms, reserve_until_ms, cap_ms)
 }
 
 /// How finely etcd's clock is read: the HTTP `Date` counts whole seconds.
@@ -220,6 +224,10 @@ mod tests {
             held: None,
             known_mark_ms: Some(130_000),
         }
+    }
+
+    fn plan_5(snapshot: &KeysRead, request: &Request) -> Result<Plan, String> {
+        plan(snapshot, 5, request)
     }
 
     fn holder(holder: &str, incarnation: &str, name: &str) -> Holder {
@@ -304,7 +312,7 @@ mod tests {
         written_back.worker.lease = 0;
         written_back.holding.lease = 0;
         assert_eq!(
-            plan(&written_back, &request()),
+            plan_5(&written_back, &request()),
             Ok(Plan::Take { floor_ms: 120_000 })
         );
         assert_eq!(written_back.other_holder("7351-aaaa"), None);
@@ -320,11 +328,11 @@ mod tests {
             holder: own.clone(),
         };
         assert_eq!(
-            plan(&snapshot(Some(&own), 130_000), &request()),
+            plan_5(&snapshot(Some(&own), 130_000), &request()),
             Ok(renewal.clone())
         );
         let fenced = Ok(Plan::Fenced { lease: 77 });
-        assert_eq!(plan(&snapshot(Some(&own), 130_001), &request()), fenced);
+        assert_eq!(plan_5(&snapshot(Some(&own), 130_001), &request()), fenced);
         // A copy resumed from before this run's first grant knows of no mark: its claim is one
         // whose answer it never had, above the mark.
         let resumed = Request {
@@ -332,7 +340,7 @@ mod tests {
             ..request()
         };
         assert_eq!(
-            plan(&snapshot(Some(&own), 900_000), &resumed),
+            plan_5(&snapshot(Some(&own), 900_000), &resumed),
             Ok(renewal.clone())
         );
         // An attempt sent again after one whose answer was lost knows of the mark that one wrote.
@@ -340,9 +348,9 @@ mod tests {
             reserve_until_ms: 160_000,
             ..request()
         };
-        assert_eq!(plan(&snapshot(Some(&own), 160_000), &sent), fenced);
+        assert_eq!(plan_5(&snapshot(Some(&own), 160_000), &sent), fenced);
         assert_eq!(
-            plan(&snapshot(Some(&own), 160_000), &sent.after_an_attempt()),
+            plan_5(&snapshot(Some(&own), 160_000), &sent.after_an_attempt()),
             Ok(renewal)
         );
         // Another run's keys: refused whatever their mark, as a run that is not this one.
@@ -351,11 +359,39 @@ mod tests {
             ..own
         };
         assert_eq!(
-            plan(&snapshot(Some(&earlier), 900_000), &request()),
+            plan_5(&snapshot(Some(&earlier), 900_000), &request()),
             Ok(Plan::Refuse {
                 holder_name: "pg@node2:5432".into(),
                 lease: 77
             })
+        );
+    }
+
+    #[test]
+    fn a_holders_word_is_refused_as_fenced_where_its_keys_are_gone_and_the_mark_moved_on() {
+        // This run holds worker id 5 and knows of marks up to 130 s; its keys are gone.
+        let holding = Request {
+            held: Some(Held {
+                worker_id: 5,
+                tenure: 1_795_953_000_000_000,
+            }),
+            ..request()
+        };
+        // Nobody was granted it since: its word is taken, and it puts its keys back.
+        assert_eq!(
+            plan_5(&snapshot(None, 130_000), &holding),
+            Ok(Plan::Take { floor_ms: 130_000 })
+        );
+        // An operator freed it, another server took it (raising the mark), and its keys were
+        // deleted: fenced, not taken back beside that server.
+        assert_eq!(
+            plan_5(&snapshot(None, 170_000), &holding),
+            Ok(Plan::Fenced { lease: 0 })
+        );
+        // The word is about worker id 5 only; a claim of another takes it above its mark.
+        assert_eq!(
+            plan(&snapshot(None, 170_000), 6, &holding),
+            Ok(Plan::Take { floor_ms: 170_000 })
         );
     }
 
@@ -378,13 +414,13 @@ mod tests {
     fn free_own_and_others_keys() {
         // Free (never used, released, or its etcd lease ran out): above the mark.
         assert_eq!(
-            plan(&snapshot(None, 120_000), &request()),
+            plan_5(&snapshot(None, 120_000), &request()),
             Ok(Plan::Take { floor_ms: 120_000 })
         );
         // This run's own: a renewal of its etcd lease.
         let own = holder("7351-aaaa", "run2", "pg@node2:5432");
         assert_eq!(
-            plan(&snapshot(Some(&own), 120_000), &request()),
+            plan_5(&snapshot(Some(&own), 120_000), &request()),
             Ok(Plan::Renew {
                 lease: 77,
                 holder: own.clone()
@@ -397,7 +433,7 @@ mod tests {
             ..own
         };
         assert_eq!(
-            plan(&snapshot(Some(&earlier), 120_000), &request()),
+            plan_5(&snapshot(Some(&earlier), 120_000), &request()),
             Ok(Plan::Refuse {
                 holder_name: "pg@node2:5432".into(),
                 lease: 77
@@ -406,7 +442,7 @@ mod tests {
         // Another server's, and one whose record is unreadable: refused, naming the holder.
         let other = holder("7351-bbbb", "x", "pg@node1:5432");
         assert_eq!(
-            plan(&snapshot(Some(&other), 120_000), &request()),
+            plan_5(&snapshot(Some(&other), 120_000), &request()),
             Ok(Plan::Refuse {
                 holder_name: "pg@node1:5432".into(),
                 lease: 77
@@ -415,7 +451,7 @@ mod tests {
         let mut unreadable = snapshot(Some(&other), 120_000);
         unreadable.holding.value = Some("{}".into());
         assert_eq!(
-            plan(&unreadable, &request()),
+            plan_5(&unreadable, &request()),
             Ok(Plan::Refuse {
                 holder_name: "pg@node1:5432".into(),
                 lease: 77
@@ -424,7 +460,7 @@ mod tests {
         let mut bad_mark = snapshot(None, 0);
         bad_mark.mark.value = Some("soon".into());
         assert_eq!(
-            plan(&bad_mark, &request()),
+            plan_5(&bad_mark, &request()),
             Err(
                 "the etcd key of the high-water mark holds \"soon\", not a number of milliseconds"
                     .into()

@@ -3,8 +3,8 @@
 //! etcdctl; a second server with the same worker id, a standby configured with its primary's, a
 //! holder that crashed, four nodes picking any worker id, etcd's leader killed, every member frozen
 //! past the lease, TLS with client certificates and user authentication, a member that never
-//! answers, a copy of a holder's memory raising its mark. Every id is collected from every node:
-//! none is issued twice.
+//! answers, a copy of a holder's memory raising its mark, a holder held up while an operator freed
+//! its worker id twice. Every id is collected from every node: none is issued twice.
 
 use postgres::Client;
 use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
@@ -14,13 +14,13 @@ use snowid_cluster_tests::loss::{
 };
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
-    assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, distinct_ids,
+    assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, calls_every, distinct_ids,
     give_to_postgres, increasing_ids, lease_worker_pid, next_id, next_id_once_issuing, query_value,
     remove_unless_failed, signal, wait_every, wait_for, wait_for_lease_state,
-    watch_conflict_refusals, Node, WhileDown,
+    watch_conflict_refusals, Call, Node, WhileDown,
 };
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -1108,4 +1108,322 @@ fn a_copy_of_a_holders_memory_that_claims_its_keys_fences_the_holder_off() {
         (copied_at, reserved_ms)
     });
     assert_fenced_off_then_taken(&holder, &calls, copied_at, copy_reserved_ms);
+}
+
+/// `snowid_status()` as [`a_held_up_holder_whose_worker_id_was_freed_twice_by_hand_is_fenced_off_beside_the_next_holder`]
+/// follows it: lease_state, when the lease ends unless renewed (Unix ms, by etcd's clock: a
+/// claim's answer changes it), ids issued, and how long the server may go on issuing.
+#[derive(Debug)]
+struct Seen {
+    state: String,
+    expires_ms: Option<i64>,
+    issued: i64,
+    left_s: f64,
+}
+
+fn seen(client: &mut Client) -> Seen {
+    let row = client
+        .query_one(
+            "SELECT lease_state, \
+                    (extract(epoch FROM lease_expires_at) * 1000)::bigint, ids_issued, \
+                    lease_seconds_left \
+             FROM snowid_status()",
+            &[],
+        )
+        .unwrap();
+    Seen {
+        state: row.get(0),
+        expires_ms: row.get(1),
+        issued: row.get(2),
+        left_s: row.get(3),
+    }
+}
+
+/// Waits up to `limit` for an answer to a claim of the lease worker of `client`'s server after its
+/// status read `before` (the lease's end, or its state, changed); returns the status then.
+fn answer_since(client: &mut Client, before: &Seen, what: &str, limit: Duration) -> Seen {
+    let mut now = seen(client);
+    wait_every(what, limit, Duration::from_millis(10), || {
+        now = seen(client);
+        now.state != before.state || now.expires_ms != before.expires_ms
+    });
+    now
+}
+
+/// An id as it reads: its millisecond since 2026-01-01, worker id and sequence.
+fn parts(id: i64) -> String {
+    format!(
+        "{id} (ms {}, worker id {}, sequence {})",
+        millis_of(id),
+        worker_of(id),
+        id & 4095
+    )
+}
+
+/// An operator frees worker id 5 twice while its holder A's lease worker is held up (SIGSTOP, right
+/// after a renewal): first `etcdctl lease revoke` of its etcd lease, which takes A's two leased
+/// keys with it, and B, a second server configured with worker id 5, takes it above A's mark;
+/// then, right after B's second renewal, B's two leased keys deleted by hand. A's lease worker
+/// resumes before A's own deadline and claims with its word that it holds worker id 5 (whose etcd
+/// lease ID is the same for every holder, and alive: B's): the mark lies above every one A knows
+/// of, so A is fenced off as a copy of its memory would be, and issues nothing more; B keeps the
+/// worker id, puts its keys back at its next renewal and issues throughout. A session on each
+/// server calls `snowid_next()` every millisecond: no id is received twice.
+///
+/// The time B takes worker id 5 after A's renewal (about 3 s) is how long the two could issue side
+/// by side: B issues from A's mark (A's renewal and a lease on), and its renewal after A's claim
+/// comes a lease after B took the worker id.
+#[test]
+fn a_held_up_holder_whose_worker_id_was_freed_twice_by_hand_is_fenced_off_beside_the_next_holder() {
+    const TTL_S: u64 = 30;
+    // How often the sessions call: two servers issuing at the same milliseconds under one worker
+    // id make the same ids (sequence 0 of each millisecond, mostly).
+    const CALL_EVERY: Duration = Duration::from_millis(1);
+    // A server issues for five sixths of the lease after its last claim was sent.
+    let window = Duration::from_millis(TTL_S * 1000 * 5 / 6);
+    let renew_every = Duration::from_secs(TTL_S / 3);
+    let dir = directory("freed-twice");
+    let etcd = EtcdCluster::start(&dir, 3, None);
+    let registry = registry(&etcd);
+    let a = node("freed-a", Some(5), &registry, TTL_S as u32);
+    let a_name = a.holder_name();
+    // Configured with worker id 5 as well; it preloads snowid, and claims, once the operator freed
+    // worker id 5.
+    let ttl = format!("snowid.lease_ttl = {TTL_S}");
+    let prepared_b = Node::prepare("freed-b", Some(5), &registry, &[&ttl]);
+    let mut on_a = a.cluster.connect();
+    let a_worker = lease_worker_pid(&mut on_a);
+
+    let (a_calls, (b, mut on_b, b_calls, resumed, side_by_side)) =
+        calls_every(CALL_EVERY, &[&a], |started| {
+            // A renews; its lease worker is stopped at once.
+            let renewed = wait_every(
+                "A renews",
+                renew_every + Duration::from_secs(5),
+                Duration::from_millis(10),
+                || seen(&mut on_a).left_s > (window - Duration::from_millis(300)).as_secs_f64(),
+            );
+            signal(a_worker, "-STOP");
+            let a_mark = mark(&etcd, 5);
+
+            // The operator frees worker id 5 a first time: its etcd lease revoked, and A's two
+            // leased keys with it. The mark stays.
+            let lease = etcd.lease_of("/snowid/workers/5");
+            assert_eq!(
+                lease & 1023,
+                5,
+                "worker id 5's own etcd lease ID: {lease:x}"
+            );
+            etcd.etcdctl(&["lease", "revoke", &format!("{lease:x}")]);
+            assert_eq!(etcd.get("/snowid/workers/5"), None);
+            assert_eq!(etcd.get("/snowid/holders/5"), None);
+            assert_eq!(mark(&etcd, 5), a_mark);
+
+            // B joins 2 s after A's renewal, and takes worker id 5 under the same etcd lease ID.
+            std::thread::sleep(
+                (renewed + Duration::from_secs(2)).saturating_duration_since(Instant::now()),
+            );
+            let b = prepared_b.join();
+            let mut on_b = b.cluster.connect();
+            let state = wait_for_lease_state(&mut on_b, "held", Duration::from_secs(10));
+            assert_eq!(state, "held", "B: {:?}", status(&mut on_b));
+            let b_took = renewed.elapsed();
+            assert_eq!(etcd.get("/snowid/workers/5"), Some(b.holder_name()));
+            assert_eq!(etcd.lease_of("/snowid/workers/5"), lease);
+
+            let (b_calls, outcome) = calls_every(CALL_EVERY, &[&b], |_| {
+                // Right after B's second renewal, the operator frees worker id 5 a second time:
+                // B's two leased keys deleted. Its etcd lease runs on, kept alive by B.
+                let mut b_last = seen(&mut on_b);
+                for renewal in ["first", "second"] {
+                    b_last = answer_since(
+                        &mut on_b,
+                        &b_last,
+                        &format!("B's {renewal} renewal"),
+                        renew_every + Duration::from_secs(5),
+                    );
+                    assert_eq!(b_last.state, "held", "B's {renewal} renewal: {b_last:?}");
+                }
+                let b_mark = mark(&etcd, 5);
+                assert!(b_mark > a_mark, "B's mark {b_mark}, A's {a_mark}");
+                for key in ["/snowid/workers/5", "/snowid/holders/5"] {
+                    assert_eq!(etcd.etcdctl(&["del", key]), "1\n", "{key}");
+                }
+                // A's lease worker resumes before A's deadline: A still issues under its lease.
+                let a_before = seen(&mut on_a);
+                assert_eq!(a_before.state, "held", "A: {a_before:?}");
+                assert!(
+                    a_before.left_s > 0.5,
+                    "A's lease worker resumes {:.2} s before A's deadline, B having taken worker \
+                     id 5 {b_took:?} after A's renewal: too late for the scenario",
+                    a_before.left_s
+                );
+                signal(a_worker, "-CONT");
+                let resumed = started.elapsed();
+                let a_answer = answer_since(
+                    &mut on_a,
+                    &a_before,
+                    "A's claim once resumed",
+                    Duration::from_secs(5),
+                );
+                // B issues from A's mark on; until B's next renewal, both may.
+                wait_for("B issues", window, || seen(&mut on_b).issued > 0);
+                let side_by_side = (seen(&mut on_a), seen(&mut on_b));
+                println!(
+                    "B took worker id 5 {:.2} s after A's renewal; A's lease worker resumed \
+                     {:.2} s before A's deadline and claimed: {a_answer:?}; once B issued: A \
+                     {:?}, B {:?}",
+                    b_took.as_secs_f64(),
+                    a_before.left_s,
+                    side_by_side.0,
+                    side_by_side.1
+                );
+                // B's renewal after A's claim, and two more seconds of both servers' calls.
+                let b_after = answer_since(
+                    &mut on_b,
+                    &b_last,
+                    "B's renewal after A's claim",
+                    renew_every + Duration::from_secs(5),
+                );
+                println!("B's renewal after A's claim: {b_after:?}");
+                std::thread::sleep(Duration::from_secs(2));
+                (resumed, side_by_side)
+            });
+            (b, on_b, b_calls, outcome.0, outcome.1)
+        });
+    let (a_calls, b_calls) = (&a_calls[0], &b_calls[0]);
+    let b_name = b.holder_name();
+
+    // Every id received, by whom; none twice.
+    let mut received: HashMap<i64, Vec<&str>> = HashMap::new();
+    for (server, calls) in [("A", a_calls), ("B", b_calls)] {
+        for call in calls {
+            if let Ok(id) = call.result {
+                received.entry(id).or_default().push(server);
+            }
+        }
+    }
+    let mut twice: Vec<(i64, &Vec<&str>)> = received
+        .iter()
+        .filter(|(_, by)| by.len() > 1)
+        .map(|(&id, by)| (id, by))
+        .collect();
+    twice.sort();
+    let issued = |calls: &[Call]| calls.iter().filter(|call| call.result.is_ok()).count();
+    let (a_status, b_status) = (status(&mut on_a), status(&mut on_b));
+    println!(
+        "{} ids received: {} from A, {} from B; {} received twice; afterwards A: {a_status:?}, B: \
+         {b_status:?}",
+        issued(a_calls) + issued(b_calls),
+        issued(a_calls),
+        issued(b_calls),
+        twice.len()
+    );
+    let sample: Vec<String> = twice
+        .iter()
+        .take(5)
+        .map(|(id, by)| format!("{} by {}", parts(*id), by.join(" and ")))
+        .collect();
+    assert_eq!(
+        twice.len(),
+        0,
+        "ids received twice: {} of them, the first {}",
+        twice.len(),
+        sample.join("; ")
+    );
+
+    // A issued until its first claim after it resumed, which was fenced off: refused under its own
+    // name, one WARNING, and nothing issued since; B's ids begin above every id of A's.
+    let a_ids = increasing_ids(a_calls.iter().map(|call| &call.result), "A's ids increase");
+    let b_ids = increasing_ids(b_calls.iter().map(|call| &call.result), "B's ids increase");
+    assert!(!b_ids.is_empty(), "B issued nothing");
+    assert!(
+        b_ids[0] > *a_ids.iter().max().unwrap(),
+        "B's first id {} below A's last {}",
+        parts(b_ids[0]),
+        parts(*a_ids.iter().max().unwrap())
+    );
+    let fenced_at = a_calls
+        .iter()
+        .position(|call| call.result.is_err())
+        .expect("A was fenced off");
+    assert!(
+        a_calls[fenced_at].at > resumed,
+        "A refused before it resumed"
+    );
+    let first_refusal = a_calls[fenced_at].result.as_ref().unwrap_err();
+    assert!(
+        first_refusal
+            .starts_with("40001: snowid refuses to issue ids: worker id 5 is leased until ")
+            && first_refusal.contains(&format!(
+                " under this server's own name, {a_name}, by another run"
+            )),
+        "{first_refusal}"
+    );
+    let issued_after: Vec<i64> = a_calls[fenced_at..]
+        .iter()
+        .filter_map(|call| call.result.as_ref().ok().copied())
+        .collect();
+    assert!(
+        issued_after.is_empty(),
+        "A issued {} ids after it was fenced off",
+        issued_after.len()
+    );
+    let warning = "WARNING:  snowid lease worker: another copy of this server's memory (a virtual \
+                   machine resumed from a snapshot of its memory, or a running one forked) claimed \
+                   the lease on worker id 5 since this copy last did";
+    assert_eq!(a.cluster.log().matches(warning).count(), 1);
+    assert_eq!(
+        side_by_side.0.state, "held by another server",
+        "A once B issued: {:?}",
+        side_by_side.0
+    );
+    assert_eq!(
+        side_by_side.1.state, "held",
+        "B once it issued: {:?}",
+        side_by_side.1
+    );
+    // B, once issuing, was refused no call.
+    let b_first = b_calls.iter().position(|call| call.result.is_ok()).unwrap();
+    let b_refused: Vec<&String> = b_calls[b_first..]
+        .iter()
+        .filter_map(|call| call.result.as_ref().err())
+        .collect();
+    assert_eq!(b_refused.len(), 0, "B refused once issuing: {b_refused:?}");
+
+    // Afterwards B holds worker id 5 under its etcd lease, its keys put back; A, a new run now,
+    // is refused, naming B.
+    assert_eq!(etcd.get("/snowid/workers/5"), Some(b_name.clone()));
+    let holding = etcd.get("/snowid/holders/5").unwrap_or_default();
+    assert!(
+        holding.contains(&format!("\"name\":\"{b_name}\"")),
+        "{holding}"
+    );
+    assert_eq!(etcd.lease_of("/snowid/workers/5") & 1023, 5);
+    wait_for("A names B as the holder", Duration::from_secs(5), || {
+        status(&mut on_a).2.as_deref() == Some(b_name.as_str())
+    });
+    let (a_state, a_worker_id, a_holder, _, a_error) = status(&mut on_a);
+    assert_eq!(
+        (a_state.as_str(), a_worker_id, a_holder, a_error),
+        (
+            "held by another server",
+            Some(5),
+            Some(b_name.clone()),
+            None
+        )
+    );
+    let (b_state, b_worker_id, b_holder, _, b_error) = status(&mut on_b);
+    assert_eq!(
+        (b_state.as_str(), b_worker_id, b_holder, b_error),
+        ("held", Some(5), Some(b_name.clone()), None)
+    );
+    let refusal = next_id(&mut on_a).unwrap_err();
+    let expected = format!(
+        "55000: snowid refuses to issue ids: worker id 5 is leased by another server, {b_name}, \
+         until "
+    );
+    assert!(refusal.starts_with(&expected), "{refusal}");
+    let id = next_id(&mut on_b).unwrap();
+    assert!(id > *b_ids.last().unwrap());
 }

@@ -120,14 +120,15 @@ impl StampRun {
 
 /// What the clock and the last stamp allow right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Next {
+pub enum Next {
     Take(StampRun),
     WaitForNextMilli,
     ClockBehind { by_ms: u64 },
 }
 
-/// Stamp 0 is never issued, so 0 in the word means "nothing issued yet".
-fn next(last_stamp: u64, now_millis: u64, wanted: u32) -> Next {
+/// The stamps `wanted` more ids take after `last_stamp` at `now_millis`. Stamp 0 is never issued,
+/// so 0 in the word means "nothing issued yet".
+pub fn next(last_stamp: u64, now_millis: u64, wanted: u32) -> Next {
     let last_millis = layout::stamp_millis(last_stamp);
     if now_millis < last_millis {
         return Next::ClockBehind {

@@ -1,6 +1,7 @@
 //! A registry's answer to a claim, as read from the row its functions return, and where the ids of
 //! a grant start.
 
+use crate::defects::{self, Defect};
 use crate::layout;
 
 /// What the registry decided on a claim.
@@ -198,7 +199,8 @@ pub fn floor_of_grant(granted: &Granted, past: &OwnPast) -> Option<u64> {
         tenure,
         ..
     } = granted;
-    if renewal && past.applied_tenure == Some(tenure) {
+    let applied = past.applied_tenure == Some(tenure) || defects::on(Defect::RenewalWithoutFloor);
+    if renewal && applied {
         // A renewal of the grant in force: its floor is applied already.
         return None;
     }

@@ -1,0 +1,39 @@
+//! Defects snowid once had, each a switch at the line that fixed it, so that the model checker can
+//! show it finds every one (`tests/model.rs`, docs/protocol.md's catalogue). Only the test-only
+//! feature `known-defects` can turn one on; without it `on` is a constant `false` and the switch
+//! compiles away.
+
+/// One known defect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Defect {
+    /// etcd before 0.10.0: a claim by a holder's word where its keys are gone was granted without
+    /// comparing the mark with the marks that run knows of.
+    WordWithoutMark = 1,
+    /// 0.8.0: a renewal whose first answer was lost applied no floor.
+    RenewalWithoutFloor = 4,
+}
+
+#[cfg(feature = "known-defects")]
+static ON: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Whether `defect` is switched on.
+#[inline(always)]
+pub fn on(defect: Defect) -> bool {
+    #[cfg(feature = "known-defects")]
+    {
+        ON.load(std::sync::atomic::Ordering::Relaxed) & defect as u32 != 0
+    }
+    #[cfg(not(feature = "known-defects"))]
+    {
+        let _ = defect;
+        false
+    }
+}
+
+/// Switches on exactly `defects` (none with an empty slice), for the model checker.
+#[cfg(feature = "known-defects")]
+pub fn switch_on(defects: &[Defect]) {
+    let bits = defects.iter().fold(0, |bits, &defect| bits | defect as u32);
+    ON.store(bits, std::sync::atomic::Ordering::Relaxed);
+}

@@ -1,0 +1,382 @@
+//! The grant rule: what a registry decides on a claim of one worker id, from what it holds for that
+//! worker id and what the claim says. It is the rule of docs/protocol.md, once: the etcd registry
+//! reads a worker id's keys, calls `decide`, and writes what it says with a compare-and-swap; the
+//! model checker (`tests/model.rs`) runs it against every interleaving within its bound.
+//!
+//! Why each step holds (docs/protocol.md, "The grant rule"):
+//! - every grant raises the mark strictly (`new_mark`), so a mark above every one a run knows of
+//!   proves that somebody else was granted the worker id since that run was: it is fenced;
+//! - a lease that runs is never taken from its holder, nor from another run of the same server
+//!   (which may be a copy of it);
+//! - a registry that may have lost its history (`settling`) grants only what it can see runs, or
+//!   what its holder says it holds and the mark does not contradict.
+
+use crate::defects::{self, Defect};
+
+/// How far ahead of the registry's clock a claim may reserve, beyond its time-to-live: a server
+/// whose clock runs far ahead cannot spend the worker id.
+pub const RESERVATION_SLACK_MS: u64 = 3_600_000;
+
+/// Who a registry says holds a worker id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowHolder<'a> {
+    /// The holding server (its system identifier and data directory); empty when unreadable.
+    pub holder: &'a str,
+    /// The run of that server.
+    pub incarnation: &'a str,
+    /// Whether its lease still runs: by the registry's clock (a row's `expires_at`), or because
+    /// the etcd lease the keys are bound to lives.
+    pub live: bool,
+}
+
+/// A row released by its holder's clean shutdown, as the lease table on a server records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released<'a> {
+    pub by: &'a str,
+    pub timeline: u64,
+}
+
+/// What a registry holds for one worker id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row<'a> {
+    pub holder: Option<RowHolder<'a>>,
+    /// Milliseconds since the snowid epoch that every id issued under the worker id lies below.
+    pub mark_ms: u64,
+    pub released: Option<Released<'a>>,
+}
+
+/// Where the registry lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// In the claiming server's own data directory: it cannot see the renewals of a server whose
+    /// data directory this one's is a copy of, so it never takes a row from another holder.
+    OnTheServer,
+    /// Another PostgreSQL server, or etcd: every holder's renewals are seen there.
+    Shared,
+}
+
+/// What a claim says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim<'a> {
+    pub holder: &'a str,
+    pub incarnation: &'a str,
+    pub place: Place,
+    /// The claiming server's WAL timeline.
+    pub timeline: u64,
+    /// The claimant says it holds this worker id's lease and issues under it: a registry that may
+    /// have lost the row takes its word, unless the mark shows somebody was granted it since.
+    pub by_word: bool,
+    /// The highest mark this run of the claimant knows of (every reservation it sent, every mark
+    /// it was answered), when it applied a grant of this worker id.
+    pub known_mark_ms: Option<u64>,
+    /// Whether the row's holder took it with the claim's role (or the claim's role is trusted):
+    /// only then is it the same holder continuing.
+    pub same_role: bool,
+}
+
+/// What the registry does about a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Granted: ids start above `floor_ms`, the mark before the claim. `continued` says that this
+    /// holder held the row already, `renewal` that this very run did.
+    Grant {
+        floor_ms: u64,
+        continued: bool,
+        renewal: bool,
+    },
+    /// Another holder's lease runs, or (`released`) the row was released by a server this one may
+    /// be a copy of. Nothing is written.
+    HeldByOther { released: bool },
+    /// The registry may have lost the lease of a server that holds the worker id, and grants it
+    /// to nobody new until every such lease has run out. Nothing is written.
+    Unsettled,
+    /// The mark lies above every mark this run knows of: somebody was granted the worker id since
+    /// this run last was (another copy of its memory, or another server after an operator freed
+    /// it). Nothing is written; this run issues no more under it.
+    Fenced,
+}
+
+/// Decides `claim` on `row`; `settling` while the registry may have lost leases that run.
+pub fn decide(row: &Row, claim: &Claim, settling: bool) -> Decision {
+    let own_run = row
+        .holder
+        .is_some_and(|h| h.holder == claim.holder && h.incarnation == claim.incarnation);
+    // A mark this run never saw is somebody else's grant since.
+    let mark_moved_on = claim.known_mark_ms.is_some_and(|known| row.mark_ms > known);
+    if own_run && mark_moved_on {
+        return Decision::Fenced;
+    }
+    if let Some(h) = row.holder {
+        let other_server = h.holder != claim.holder;
+        let other_run = !other_server && h.incarnation != claim.incarnation;
+        let refused = match claim.place {
+            // Nobody else's renewals are seen here: only an operator's handover frees the row.
+            Place::OnTheServer => other_server,
+            // Another server's lease, or another run's of this one (a copy of it), while it runs.
+            Place::Shared => h.live && (other_server || other_run),
+        };
+        if refused {
+            return Decision::HeldByOther { released: false };
+        }
+    }
+    // On the server, a row released by a server this one may be a copy of (the same system
+    // identifier, on no later timeline) is not this one's to take.
+    if let (Place::OnTheServer, None, Some(released)) = (claim.place, row.holder, row.released) {
+        if released.by != claim.holder
+            && system_identifier(released.by) == system_identifier(claim.holder)
+            && released.timeline >= claim.timeline
+        {
+            return Decision::HeldByOther { released: true };
+        }
+    }
+    // This run claims by its word (its row or keys may be gone): the same proof.
+    if claim.by_word && mark_moved_on && !defects::on(Defect::WordWithoutMark) {
+        return Decision::Fenced;
+    }
+    let runs_here = own_run && row.holder.is_some_and(|h| h.live);
+    if settling && !runs_here && !claim.by_word {
+        return Decision::Unsettled;
+    }
+    let continued = row
+        .holder
+        .is_some_and(|h| h.holder == claim.holder && claim.same_role);
+    Decision::Grant {
+        floor_ms: row.mark_ms,
+        continued,
+        renewal: continued && own_run,
+    }
+}
+
+/// A holder is its system identifier, a dash, and its data directory's hash.
+fn system_identifier(holder: &str) -> &str {
+    holder.split('-').next().unwrap_or(holder)
+}
+
+/// The latest mark a claim may reserve: the lease's length and an hour past the registry's clock
+/// (`registry_ms`, ms since the snowid epoch, read to within `resolution_ms`).
+pub fn reservation_cap_ms(registry_ms: u64, resolution_ms: u64, ttl_ms: u64) -> u64 {
+    registry_ms + resolution_ms + ttl_ms + RESERVATION_SLACK_MS
+}
+
+/// The mark after a grant that reserves up to `reserve_until_ms`: at most `cap_ms`, and at least a
+/// millisecond above `mark_ms`, so that every grant shows in the mark, even while the clocks are
+/// behind it.
+pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, cap_ms: u64) -> u64 {
+    (mark_ms + 1).max(reserve_until_ms.min(cap_ms))
+}
+
+/// The mark after a clean release by a holder whose ids all lie below `issued_below_ms`: lowered
+/// to them, never below the mark the holder took the row at, never raised.
+pub fn released_mark(mark_ms: u64, acquired_mark_ms: u64, issued_below_ms: u64) -> u64 {
+    acquired_mark_ms.max(mark_ms.min(issued_below_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: &str = "7351-aaaa";
+    const COPY_OF_ME: &str = "7351-bbbb";
+    const OTHER: &str = "9999-cccc";
+
+    fn claim(place: Place) -> Claim<'static> {
+        Claim {
+            holder: ME,
+            incarnation: "run2",
+            place,
+            timeline: 1,
+            by_word: false,
+            known_mark_ms: Some(130_000),
+            same_role: true,
+        }
+    }
+
+    fn row(holder: Option<(&'static str, &'static str, bool)>, mark_ms: u64) -> Row<'static> {
+        Row {
+            holder: holder.map(|(holder, incarnation, live)| RowHolder {
+                holder,
+                incarnation,
+                live,
+            }),
+            mark_ms,
+            released: None,
+        }
+    }
+
+    fn grant(floor_ms: u64, continued: bool, renewal: bool) -> Decision {
+        Decision::Grant {
+            floor_ms,
+            continued,
+            renewal,
+        }
+    }
+
+    #[test]
+    fn a_free_row_is_granted_above_its_mark_to_anyone() {
+        for place in [Place::OnTheServer, Place::Shared] {
+            assert_eq!(
+                decide(&row(None, 120_000), &claim(place), false),
+                grant(120_000, false, false)
+            );
+        }
+    }
+
+    #[test]
+    fn this_runs_own_row_is_renewed_unless_a_mark_it_never_saw_fences_it() {
+        let own = row(Some((ME, "run2", true)), 130_000);
+        assert_eq!(
+            decide(&own, &claim(Place::Shared), false),
+            grant(130_000, true, true)
+        );
+        let claimed_since = row(Some((ME, "run2", true)), 130_001);
+        assert_eq!(
+            decide(&claimed_since, &claim(Place::Shared), false),
+            Decision::Fenced
+        );
+        // A run that knows of no mark (a copy resumed from before its first grant) is not fenced.
+        let knows_none = Claim {
+            known_mark_ms: None,
+            ..claim(Place::Shared)
+        };
+        assert_eq!(
+            decide(&claimed_since, &knows_none, false),
+            grant(130_001, true, true)
+        );
+    }
+
+    #[test]
+    fn a_holders_word_is_not_taken_where_the_mark_shows_somebody_was_granted_since() {
+        // Its keys or row gone: its word counts while the mark is one it knows of.
+        let by_word = Claim {
+            by_word: true,
+            ..claim(Place::Shared)
+        };
+        assert_eq!(
+            decide(&row(None, 130_000), &by_word, true),
+            grant(130_000, false, false)
+        );
+        // Freed by hand, taken by another server, whose keys were then deleted: the mark moved on.
+        assert_eq!(
+            decide(&row(None, 170_000), &by_word, false),
+            Decision::Fenced
+        );
+        assert_eq!(
+            decide(&row(None, 170_000), &by_word, true),
+            Decision::Fenced
+        );
+        // Without its word, a new claim starts above that mark.
+        assert_eq!(
+            decide(&row(None, 170_000), &claim(Place::Shared), false),
+            grant(170_000, false, false)
+        );
+    }
+
+    #[test]
+    fn a_running_lease_of_another_server_or_of_another_run_is_never_taken_on_a_shared_registry() {
+        let shared = claim(Place::Shared);
+        for holder in [(OTHER, "x"), (ME, "run1")] {
+            let running = row(Some((holder.0, holder.1, true)), 100_000);
+            assert_eq!(
+                decide(&running, &shared, false),
+                Decision::HeldByOther { released: false }
+            );
+            let expired = row(Some((holder.0, holder.1, false)), 100_000);
+            let continued = holder.0 == ME;
+            assert_eq!(
+                decide(&expired, &shared, false),
+                grant(100_000, continued, false)
+            );
+        }
+    }
+
+    #[test]
+    fn on_the_server_another_holders_row_waits_for_a_handover_and_a_restart_takes_its_own_back() {
+        let here = claim(Place::OnTheServer);
+        let expired_other = row(Some((OTHER, "x", false)), 100_000);
+        assert_eq!(
+            decide(&expired_other, &here, false),
+            Decision::HeldByOther { released: false }
+        );
+        let earlier_run = row(Some((ME, "run1", true)), 100_000);
+        assert_eq!(
+            decide(&earlier_run, &here, false),
+            grant(100_000, true, false)
+        );
+        // Another role naming this holder takes the row over as a new holder.
+        let other_role = Claim {
+            same_role: false,
+            ..here
+        };
+        assert_eq!(
+            decide(&earlier_run, &other_role, false),
+            grant(100_000, false, false)
+        );
+    }
+
+    #[test]
+    fn on_the_server_a_row_released_by_a_server_this_one_may_be_a_copy_of_is_refused() {
+        let here = claim(Place::OnTheServer);
+        let released_by = |by, timeline| Row {
+            released: Some(Released { by, timeline }),
+            ..row(None, 100_000)
+        };
+        let refused = Decision::HeldByOther { released: true };
+        assert_eq!(decide(&released_by(COPY_OF_ME, 1), &here, false), refused);
+        assert_eq!(decide(&released_by(COPY_OF_ME, 2), &here, false), refused);
+        // Promoted since (a later timeline), released by itself, or by another system: granted.
+        let promoted = Claim {
+            timeline: 2,
+            ..here
+        };
+        assert_eq!(
+            decide(&released_by(COPY_OF_ME, 1), &promoted, false),
+            grant(100_000, false, false)
+        );
+        assert_eq!(
+            decide(&released_by(ME, 1), &here, false),
+            grant(100_000, false, false)
+        );
+        assert_eq!(
+            decide(&released_by(OTHER, 1), &here, false),
+            grant(100_000, false, false)
+        );
+        // A shared registry sees every holder's renewals: a released row is anyone's.
+        assert_eq!(
+            decide(&released_by(COPY_OF_ME, 1), &claim(Place::Shared), false),
+            grant(100_000, false, false)
+        );
+    }
+
+    #[test]
+    fn a_settling_registry_grants_only_a_lease_it_sees_run_or_its_holders_word() {
+        let shared = claim(Place::Shared);
+        assert_eq!(
+            decide(&row(None, 100_000), &shared, true),
+            Decision::Unsettled
+        );
+        let expired_own = row(Some((ME, "run2", false)), 100_000);
+        assert_eq!(decide(&expired_own, &shared, true), Decision::Unsettled);
+        let running_own = row(Some((ME, "run2", true)), 100_000);
+        assert_eq!(
+            decide(&running_own, &shared, true),
+            grant(100_000, true, true)
+        );
+    }
+
+    #[test]
+    fn every_grant_raises_the_mark_within_the_cap() {
+        let cap = reservation_cap_ms(100_000, 1_000, 30_000);
+        assert_eq!(cap, 100_000 + 1_000 + 30_000 + 3_600_000);
+        assert_eq!(new_mark(0, 130_500, cap), 130_500);
+        assert_eq!(new_mark(0, 7_300_000, cap), cap);
+        assert_eq!(new_mark(200_000, 130_500, cap), 200_001);
+        assert_eq!(new_mark(9_000_000, 7_300_000, cap), 9_000_001);
+    }
+
+    #[test]
+    fn a_release_lowers_the_mark_to_the_ids_issued_never_below_where_the_holder_took_it() {
+        assert_eq!(released_mark(160_000, 100_000, 130_000), 130_000);
+        assert_eq!(released_mark(160_000, 100_000, 90_000), 100_000);
+        assert_eq!(released_mark(160_000, 100_000, 170_000), 160_000);
+    }
+}
