@@ -2,7 +2,8 @@
 # scripts/test.sh [--all-majors]
 #
 # Without an argument: every snowid test on one PostgreSQL major, 15 (the one Debian 12 ships) unless
-# PG_MAJOR names another: the unit and property tests and the #[pg_test]s (cargo pgrx test), the
+# PG_MAJOR names another: the decisions' crate with its model checker (core/), the unit and
+# property tests and the #[pg_test]s (cargo pgrx test), the
 # cluster tests (tests/cluster, side by side under cargo-nextest's default profile), and the Debian
 # package (on 15 also installed, tested and removed), and two runs of the fault schedule
 # (scripts/nemesis.sh): one from a fixed seed with a PostgreSQL registry, one from a seed drawn at
@@ -76,6 +77,16 @@ unit_and_pg_tests() {
         args=(--runas postgres --pgdata "$pgdata/data")
     fi
     cargo pgrx test "pg$major" "${args[@]}" 2>&1 | tee "$times/pgrx-$major.log"
+}
+
+# core_tests: the decisions' own crate, which has no PostgreSQL in it (core/): its unit and
+# property tests, and the model checker's bounded runs (core/tests/model.rs), each printing its
+# bound, the states it explored and its depth, and the trace of each known defect it finds. The
+# same on every major, so run with the first one only.
+core_tests() {
+    echo "==> the decisions (core/): unit and property tests, and the model checker"
+    cargo test -p snowid-core --release --features known-defects -- --nocapture 2>&1 |
+        tee "$times/core.log"
 }
 
 # cluster_tests MAJOR PROFILE: the cluster tests of nextest's PROFILE against the installed snowid;
@@ -175,6 +186,9 @@ fault_schedules() {
 test_major() {
     local major=$1 profile=$2
     timed "$major" "PostgreSQL $major ready" use_major "$major"
+    if [ "$profile" = default ]; then
+        timed "$major" "decisions and model checker" core_tests
+    fi
     timed "$major" "unit, property and #[pg_test] tests" unit_and_pg_tests "$major"
     if ! speaks_tls "$major" && [ "$PG_MAJOR" != 15 ]; then
         # The test of a registry reached over TLS runs that registry on Debian's 15, where a run

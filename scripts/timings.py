@@ -2,7 +2,8 @@
 """Where a run of scripts/test.sh spent its time, printed at its end.
 
 Reads what the run left in the directory given (target/test-times): steps.tsv (major, step,
-seconds, one line per step, in order), pgrx-MAJOR.log (the output of cargo pgrx test) and
+seconds, one line per step, in order), core.log (the output of the decisions' crate's tests),
+pgrx-MAJOR.log (the output of cargo pgrx test) and
 junit-MAJOR.xml (cargo-nextest's report of the cluster tests). Prints each step's time and number
 of tests per major with the total of each major and of the run, then the slowest cluster tests.
 """
@@ -20,7 +21,7 @@ def minutes(seconds):
 
 
 def pgrx_tests(log):
-    """How many tests cargo pgrx test ran and how many failed, from its `test result:` lines."""
+    """How many tests a cargo test run ran and how many failed, from its `test result:` lines."""
     if not log.exists():
         return None
     results = re.findall(r"test result: \w+\. (\d+) passed; (\d+) failed",
@@ -66,6 +67,7 @@ def main(directory):
     print(f"{'major':>5}  {'step':<40} {'tests':>14}  {'time':>7}")
     cluster = {major: cluster_tests(directory / f"junit-{major}.xml") for major in majors}
     counts = {
+        "decisions and model checker": lambda major: pgrx_tests(directory / "core.log"),
         "unit, property and #[pg_test] tests": lambda major: pgrx_tests(directory / f"pgrx-{major}.log"),
         "cluster tests": lambda major: (
             (len(cluster[major]), sum(not passed for *_, passed in cluster[major]))

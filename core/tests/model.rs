@@ -1,0 +1,845 @@
+//! The model checker of docs/protocol.md: two servers configured with the same worker id, and the
+//! registry they share (a PostgreSQL server, or etcd), under every interleaving of their steps and
+//! of the faults a fleet meets, within a bound. Its transitions call snowid's own rules: the grant
+//! rule (`grant::decide`, `grant::new_mark`), where a grant's ids start (`lease::floor_of_grant`)
+//! and the stamp (`generator::next`). What it writes itself is only what the transports and the
+//! lease worker do around them: the registry's atomicity (the PostgreSQL registry decides and
+//! writes in one transaction; etcd reads the keys, then writes them with a compare-and-swap, two
+//! steps between which anything may happen), and the server's bookkeeping of its lease.
+//!
+//! Time is counted in ticks: a tick is a millisecond of the ids' time and, for the lease, a quarter
+//! of its time-to-live (`TTL`), so that the bound reaches past a lease's end. A server issues at
+//! most one id a tick; two servers that issue in the same millisecond under the same worker id
+//! issue the same id whatever their sequences, so one id a tick loses no duplicate.
+//!
+//! `cargo test -p snowid-core --release --features known-defects --test model -- --nocapture`
+//! prints each run's bound, states and depth, and for each known defect the trace that finds it.
+
+use snowid_core::defects::{self, Defect};
+use snowid_core::generator::{next, Next};
+use snowid_core::grant::{self, Claim, Decision, Place, Row, RowHolder};
+use snowid_core::layout;
+use snowid_core::lease::{floor_of_grant, Granted, OwnPast};
+use stateright::{Checker, HasDiscoveries, Model, Path, Property};
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A lease's time-to-live, in ticks.
+const TTL: u32 = 4;
+/// How long after sending its claim a server issues under the grant: five sixths of `TTL`, rounded
+/// down.
+const ISSUING_WINDOW: u32 = 3;
+/// How far a server's wall clock steps, back or forward, in one fault.
+const CLOCK_STEP: i8 = 3;
+
+/// Which registry the servers share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Postgres,
+    Etcd,
+}
+
+/// The bound of one run.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    /// The last tick.
+    ticks: u32,
+    /// Faults of any kind in one trace.
+    faults: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Lease {
+    tenure: i64,
+    /// The tick its issuing window ends (the server's monotonic clock runs with true time).
+    deadline: u32,
+    /// Its ids lie below this millisecond.
+    reserved_until: u64,
+}
+
+/// A claim sent: what the server said, and for etcd what it read before its transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Sent {
+    at: u32,
+    reserve_until: u64,
+    held_tenure: Option<i64>,
+    known_mark: Option<u64>,
+    read: Option<EtcdState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Server {
+    /// Its data directory, which names it as a holder.
+    holder: u8,
+    /// Its run: a crash restart begins a new one, as does a fenced copy.
+    incarnation: u8,
+    /// Its wall clock less true time.
+    offset: i8,
+    lease: Option<Lease>,
+    applied_tenure: Option<i64>,
+    known_mark: u64,
+    floor: u64,
+    last_stamp: u64,
+    /// The ceiling in its data directory: every id it issued lies below (0: none recorded).
+    ceiling: u64,
+    sent: Option<Sent>,
+    /// Whether it claimed in this tick: a lease worker claims at most once a renewal interval (a
+    /// third of `TTL`), which the model rounds to a tick.
+    claimed: bool,
+}
+
+impl Server {
+    fn new(holder: u8) -> Server {
+        Server {
+            holder,
+            incarnation: 0,
+            offset: 0,
+            lease: None,
+            applied_tenure: None,
+            known_mark: 0,
+            floor: 0,
+            last_stamp: 0,
+            ceiling: 0,
+            sent: None,
+            claimed: false,
+        }
+    }
+
+    fn clock(&self, now: u32) -> i64 {
+        i64::from(now) + i64::from(self.offset)
+    }
+}
+
+/// The worker id's row in the PostgreSQL registry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PgRow {
+    holder: Option<(u8, u8)>,
+    tenure: i64,
+    expires: u32,
+}
+
+/// The worker id's keys in etcd: `workers` and `holders`, bound to the worker id's etcd lease (or
+/// to none, written back by hand), and `marks`, bound to none.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Keys {
+    holder: u8,
+    incarnation: u8,
+    tenure: i64,
+    bound: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct EtcdState {
+    keys: Option<Keys>,
+    mark: u64,
+    revision: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct State {
+    now: u32,
+    faults: u8,
+    servers: [Server; 2],
+    // The PostgreSQL registry.
+    row: Option<PgRow>,
+    pg_mark: u64,
+    settling_until: u32,
+    // etcd.
+    etcd: EtcdState,
+    /// When the worker id's etcd lease runs out, if it lives.
+    etcd_lease_until: Option<u32>,
+    /// An operator freed the worker id from a holder that may still live (`snowid_handover`, an
+    /// etcd lease revoked), and a history lost with its marks: after such a loss only clocks that
+    /// agree keep ids apart, and with a holder freed by hand beside it nothing can (docs/protocol.md,
+    /// "What no design can detect"), so a trace that loses marks has neither a clock step nor a
+    /// holder freed by hand.
+    freed_by_hand: bool,
+    mark_lost: bool,
+    /// Every millisecond an id was issued in (one worker id; one id a tick a server).
+    issued: u64,
+    /// The first id issued twice, and the first one issued out of a server's order or ahead of its
+    /// clock.
+    twice: Option<(usize, u64)>,
+    backwards: Option<(usize, u64)>,
+    ahead_of_clock: Option<(usize, u64)>,
+    /// Every server's highest id, across its runs.
+    highest: [u64; 2],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Action {
+    /// The next millisecond, in which each server named issues an id if its lease lets it.
+    Tick([bool; 2]),
+    /// The PostgreSQL registry's claim, decided and written in one transaction; its answer lost or
+    /// not. For etcd: the read of the keys.
+    Claim(usize, bool),
+    /// etcd: the lease calls and the compare-and-swap of the keys, on what the claim read.
+    Write(usize, bool),
+    Crash(usize),
+    StepClock(usize, i8),
+    /// An operator frees the worker id: `snowid_handover`, or etcd's lease revoked.
+    Free,
+    /// An operator deletes the holder's row (its mark with it) or etcd's leased keys (the mark
+    /// stays).
+    DeleteHolder,
+    /// etcd's whole prefix wiped, marks included.
+    WipePrefix,
+}
+
+struct Protocol {
+    kind: Kind,
+    bound: Bound,
+}
+
+const NAMES: [&str; 2] = ["A", "B"];
+
+impl Protocol {
+    fn etcd_normalized(&self, state: &mut State) {
+        if state
+            .etcd_lease_until
+            .is_some_and(|until| until <= state.now)
+        {
+            state.etcd_lease_until = None;
+            if state.etcd.keys.as_ref().is_some_and(|keys| keys.bound) {
+                state.etcd.keys = None;
+                state.etcd.revision += 1;
+            }
+        }
+    }
+
+    /// What the server sends with a claim, as the lease worker builds it (`worker.rs` `claim`).
+    fn send(state: &mut State, s: usize) -> Sent {
+        let now = state.now;
+        let server = &mut state.servers[s];
+        let reserve_until = (server.clock(now) + i64::from(TTL)).max(0) as u64;
+        let known_mark = server.applied_tenure.map(|_| server.known_mark);
+        server.known_mark = server.known_mark.max(reserve_until);
+        // Only a lease that still runs: one that ran out may be another server's by now.
+        let held_tenure = server
+            .lease
+            .as_ref()
+            .filter(|lease| lease.deadline > now)
+            .and(server.applied_tenure);
+        Sent {
+            at: now,
+            reserve_until,
+            held_tenure,
+            known_mark,
+            read: None,
+        }
+    }
+
+    fn claim_of<'a>(sent: &Sent, incarnation: &'a str, me: &'a str) -> Claim<'a> {
+        Claim {
+            holder: me,
+            incarnation,
+            place: Place::Shared,
+            timeline: 1,
+            by_word: sent.held_tenure.is_some(),
+            known_mark_ms: sent.known_mark,
+            same_role: true,
+        }
+    }
+
+    /// The PostgreSQL registry's transaction (`snowid.lease_claim`).
+    fn postgres_claim(&self, state: &mut State, s: usize, sent: &Sent) -> Option<Granted> {
+        let now = state.now;
+        let (me, run) = (
+            state.servers[s].holder.to_string(),
+            state.servers[s].incarnation.to_string(),
+        );
+        let names = state.row.as_ref().and_then(|row| row.holder).map(|(h, i)| {
+            (
+                h.to_string(),
+                i.to_string(),
+                state.row.as_ref().unwrap().expires > now,
+            )
+        });
+        let row = Row {
+            holder: names.as_ref().map(|(holder, incarnation, live)| RowHolder {
+                holder,
+                incarnation,
+                live: *live,
+            }),
+            mark_ms: state.pg_mark,
+            released: None,
+        };
+        let claim = Self::claim_of(sent, &run, &me);
+        let Decision::Grant {
+            floor_ms,
+            continued,
+            renewal,
+        } = grant::decide(&row, &claim, now < state.settling_until)
+        else {
+            return None;
+        };
+        let cap = grant::reservation_cap_ms(u64::from(now), 0, u64::from(TTL));
+        let mark = grant::new_mark(state.pg_mark, sent.reserve_until, cap);
+        let tenure = match (&state.row, renewal) {
+            (Some(row), true) => row.tenure,
+            _ => i64::from(now),
+        };
+        state.pg_mark = mark;
+        state.row = Some(PgRow {
+            holder: Some((state.servers[s].holder, state.servers[s].incarnation)),
+            tenure,
+            expires: now + TTL,
+        });
+        Some(Granted {
+            mark_ms: floor_ms,
+            reserved_until_ms: mark,
+            expires_at: i64::from(now + TTL),
+            continued,
+            renewal,
+            tenure,
+        })
+    }
+
+    /// etcd's claim on the keys it read (`claims.rs` `try_claim`): the lease calls, then the
+    /// compare-and-swap of the keys; `None` when refused or raced.
+    fn etcd_write(&self, state: &mut State, s: usize, sent: &Sent) -> Option<Granted> {
+        let now = state.now;
+        let read = sent.read.as_ref()?;
+        let (me, run) = (
+            state.servers[s].holder.to_string(),
+            state.servers[s].incarnation.to_string(),
+        );
+        let names = read
+            .keys
+            .as_ref()
+            .map(|k| (k.holder.to_string(), k.incarnation.to_string(), k.bound));
+        let row = Row {
+            holder: names.as_ref().map(|(holder, incarnation, live)| RowHolder {
+                holder,
+                incarnation,
+                live: *live,
+            }),
+            mark_ms: read.mark,
+            released: None,
+        };
+        let claim = Self::claim_of(sent, &run, &me);
+        let own_run_live = read.keys.as_ref().is_some_and(|k| {
+            k.bound
+                && k.holder == state.servers[s].holder
+                && k.incarnation == state.servers[s].incarnation
+        });
+        let Decision::Grant {
+            floor_ms,
+            continued,
+            ..
+        } = grant::decide(&row, &claim, false)
+        else {
+            return None;
+        };
+        // The transaction compares the keys' revisions with those read.
+        if state.etcd.revision != read.revision {
+            return None;
+        }
+        let lease_lives = state.etcd_lease_until.is_some();
+        let (tenure, renewal) = if own_run_live && lease_lives {
+            // A renewal: a keep-alive, then the mark.
+            (read.keys.as_ref().unwrap().tenure, true)
+        } else if lease_lives {
+            // The worker id's etcd lease lives: only the server that issues under it keeps it.
+            (sent.held_tenure?, true)
+        } else {
+            (i64::from(now), false)
+        };
+        state.etcd_lease_until = Some(now + TTL);
+        let cap = grant::reservation_cap_ms(u64::from(now), 0, u64::from(TTL));
+        let mark = grant::new_mark(read.mark, sent.reserve_until, cap);
+        state.etcd = EtcdState {
+            keys: Some(Keys {
+                holder: state.servers[s].holder,
+                incarnation: state.servers[s].incarnation,
+                tenure,
+                bound: true,
+            }),
+            mark,
+            revision: state.etcd.revision + 1,
+        };
+        Some(Granted {
+            mark_ms: floor_ms,
+            reserved_until_ms: mark,
+            expires_at: i64::from(now + TTL),
+            continued: continued || renewal,
+            renewal,
+            tenure,
+        })
+    }
+
+    /// The lease worker applies an answer (`worker.rs` `granted`, `refused`, `fenced`).
+    fn apply(state: &mut State, s: usize, sent: &Sent, answer: Option<Granted>) {
+        let server = &mut state.servers[s];
+        let Some(granted) = answer else {
+            // Refused, fenced or raced: the gate closes. A fenced run becomes a new one; the model
+            // makes every refused run one, which the registry then treats no better.
+            server.lease = None;
+            server.applied_tenure = None;
+            return;
+        };
+        let floor = floor_of_grant(
+            &granted,
+            &OwnPast {
+                applied_tenure: server.applied_tenure,
+                carried: None,
+                ceiling_ms: Some(server.ceiling).filter(|&ceiling| ceiling > 0),
+                shared_registry: true,
+            },
+        );
+        if let Some(floor) = floor {
+            server.floor = server.floor.max(floor);
+        }
+        server.lease = Some(Lease {
+            tenure: granted.tenure,
+            deadline: sent.at + ISSUING_WINDOW,
+            reserved_until: granted.reserved_until_ms,
+        });
+        server.applied_tenure = Some(granted.tenure);
+        server.known_mark = server.known_mark.max(granted.reserved_until_ms);
+    }
+
+    fn issue(state: &mut State, s: usize) -> Option<()> {
+        let now = state.now;
+        let server = &mut state.servers[s];
+        let lease = server.lease.as_ref().filter(|lease| lease.deadline > now)?;
+        let clock = u64::try_from(server.clock(now)).ok()?;
+        if clock < server.floor || clock >= lease.reserved_until {
+            return None;
+        }
+        let Next::Take(run) = next(server.last_stamp, clock, 1) else {
+            return None;
+        };
+        let stamp = run.first;
+        let ms = layout::stamp_millis(stamp);
+        // One id a tick: a second in the same millisecond adds no duplicate the first did not.
+        if layout::stamp_sequence(stamp) > 0 {
+            return None;
+        }
+        server.last_stamp = stamp;
+        server.ceiling = server.ceiling.max(ms + 1);
+        if ms > clock && state.ahead_of_clock.is_none() {
+            state.ahead_of_clock = Some((s, ms));
+        }
+        if state.issued & (1 << ms) != 0 && state.twice.is_none() {
+            state.twice = Some((s, ms));
+        }
+        if ms <= state.highest[s] && state.highest[s] > 0 && state.backwards.is_none() {
+            state.backwards = Some((s, ms));
+        }
+        state.highest[s] = state.highest[s].max(ms);
+        state.issued |= 1 << ms;
+        Some(())
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![State {
+            now: 0,
+            faults: 0,
+            servers: [Server::new(0), Server::new(1)],
+            row: None,
+            pg_mark: 0,
+            settling_until: 0,
+            etcd: EtcdState {
+                keys: None,
+                mark: 0,
+                revision: 0,
+            },
+            etcd_lease_until: None,
+            freed_by_hand: false,
+            mark_lost: false,
+            issued: 0,
+            twice: None,
+            backwards: None,
+            ahead_of_clock: None,
+            highest: [0, 0],
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if state.now < self.bound.ticks {
+            // Each server may issue an id in the new millisecond, or not.
+            actions.extend(
+                [[false, false], [true, false], [false, true], [true, true]].map(Action::Tick),
+            );
+        }
+        let fault = state.faults < self.bound.faults;
+        for s in 0..2 {
+            let server = &state.servers[s];
+            // A lease worker never has to claim: one that does not stands for one held up (a slow
+            // disk, a starved CPU, SIGSTOP) while its server's backends issue on.
+            match (self.kind, &server.sent) {
+                (Kind::Postgres, _) | (Kind::Etcd, None) if !server.claimed => {
+                    actions.push(Action::Claim(s, false));
+                    if fault && self.kind == Kind::Postgres {
+                        actions.push(Action::Claim(s, true));
+                    }
+                }
+                (Kind::Etcd, Some(_)) => {
+                    actions.push(Action::Write(s, false));
+                    if fault {
+                        actions.push(Action::Write(s, true));
+                    }
+                }
+                _ => {}
+            }
+            if fault {
+                actions.push(Action::Crash(s));
+                if server.offset == 0 && !state.mark_lost {
+                    actions.push(Action::StepClock(s, -CLOCK_STEP));
+                    actions.push(Action::StepClock(s, CLOCK_STEP));
+                }
+            }
+        }
+        if fault && !state.mark_lost {
+            actions.push(Action::Free);
+        }
+        // A history lost with its marks leaves only the clocks to keep ids apart: not beside a
+        // clock that stepped, nor after a holder freed by hand.
+        let may_lose_marks =
+            !state.freed_by_hand && state.servers.iter().all(|server| server.offset == 0);
+        if fault && (self.kind == Kind::Etcd || may_lose_marks) {
+            actions.push(Action::DeleteHolder);
+        }
+        if fault && self.kind == Kind::Etcd && may_lose_marks {
+            actions.push(Action::WipePrefix);
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        let counts_as_fault = matches!(
+            action,
+            Action::Claim(_, true)
+                | Action::Write(_, true)
+                | Action::Crash(_)
+                | Action::StepClock(..)
+                | Action::Free
+                | Action::DeleteHolder
+                | Action::WipePrefix
+        );
+        if counts_as_fault {
+            state.faults += 1;
+        }
+        match action {
+            Action::Tick(issuing) => {
+                state.now += 1;
+                for server in &mut state.servers {
+                    server.claimed = false;
+                }
+                self.etcd_normalized(&mut state);
+                for s in (0..2).filter(|&s| issuing[s]) {
+                    Self::issue(&mut state, s)?;
+                }
+            }
+            Action::Claim(s, lost) => {
+                state.servers[s].claimed = true;
+                let mut sent = Self::send(&mut state, s);
+                match self.kind {
+                    Kind::Postgres => {
+                        let answer = self.postgres_claim(&mut state, s, &sent);
+                        if !lost {
+                            Self::apply(&mut state, s, &sent, answer);
+                        }
+                    }
+                    Kind::Etcd => {
+                        sent.read = Some(state.etcd.clone());
+                        state.servers[s].sent = Some(sent);
+                    }
+                }
+            }
+            Action::Write(s, lost) => {
+                let sent = state.servers[s].sent.take()?;
+                let answer = self.etcd_write(&mut state, s, &sent);
+                if !lost {
+                    Self::apply(&mut state, s, &sent, answer);
+                }
+            }
+            Action::Crash(s) => {
+                // Memory lost; the data directory (its ceiling) kept. A new run.
+                let server = &mut state.servers[s];
+                *server = Server {
+                    incarnation: server.incarnation + 1,
+                    offset: server.offset,
+                    ceiling: server.ceiling,
+                    ..Server::new(server.holder)
+                };
+            }
+            Action::StepClock(s, by) => state.servers[s].offset += by,
+            Action::Free => {
+                state.freed_by_hand = true;
+                match self.kind {
+                    Kind::Postgres => {
+                        if let Some(row) = state.row.as_mut() {
+                            row.holder = None;
+                        }
+                    }
+                    Kind::Etcd => {
+                        state.etcd_lease_until = None;
+                        if state.etcd.keys.as_ref().is_some_and(|keys| keys.bound) {
+                            state.etcd.keys = None;
+                            state.etcd.revision += 1;
+                        }
+                    }
+                }
+            }
+            Action::DeleteHolder => match self.kind {
+                Kind::Postgres => {
+                    // The trigger begins an epoch, unless the defect forgets it.
+                    state.mark_lost = true;
+                    state.row = None;
+                    state.pg_mark = 0;
+                    state.settling_until = state.now + TTL;
+                }
+                Kind::Etcd => {
+                    state.etcd.keys = None;
+                    state.etcd.revision += 1;
+                }
+            },
+            Action::WipePrefix => {
+                state.mark_lost = true;
+                state.etcd.keys = None;
+                state.etcd.mark = 0;
+                state.etcd.revision += 1;
+            }
+        }
+        Some(state)
+    }
+
+    fn format_step(&self, last: &State, action: Action) -> Option<String> {
+        let after = self.next_state(last, action.clone())?;
+        let name = |s: usize| NAMES[s];
+        let lease = |state: &State, s: usize| match &state.servers[s].lease {
+            Some(lease) => format!(
+                "its lease (tenure {}) issues below {} until tick {}, from {}",
+                lease.tenure, lease.reserved_until, lease.deadline, state.servers[s].floor
+            ),
+            None => "it holds no lease".into(),
+        };
+        let registry = |state: &State| match self.kind {
+            Kind::Postgres => {
+                let row = match &state.row {
+                    None => "no row".into(),
+                    Some(PgRow { holder: None, .. }) => "the row is free".into(),
+                    Some(PgRow {
+                        holder: Some((h, i)),
+                        expires,
+                        ..
+                    }) => format!(
+                        "the row names {} run {i} until tick {expires}",
+                        NAMES[*h as usize]
+                    ),
+                };
+                format!("{row}, mark {}", state.pg_mark)
+            }
+            Kind::Etcd => {
+                let keys = match &state.etcd.keys {
+                    None => "no keys".into(),
+                    Some(k) => format!(
+                        "the keys name {} run {}{}",
+                        NAMES[k.holder as usize],
+                        k.incarnation,
+                        if k.bound { "" } else { ", bound to no lease" }
+                    ),
+                };
+                let lease = state
+                    .etcd_lease_until
+                    .map_or("no etcd lease".into(), |until| {
+                        format!("the etcd lease runs until tick {until}")
+                    });
+                format!("{keys}, mark {}, {lease}", state.etcd.mark)
+            }
+        };
+        Some(match action {
+            Action::Tick(issuing) => {
+                let mut text = format!("tick {}", after.now);
+                for s in (0..2).filter(|&s| issuing[s]) {
+                    let _ = write!(
+                        text,
+                        "; server {} issues an id in millisecond {}",
+                        name(s),
+                        layout::stamp_millis(after.servers[s].last_stamp)
+                    );
+                }
+                text
+            }
+            Action::Claim(s, lost) if self.kind == Kind::Postgres => format!(
+                "server {}'s lease worker claims (reserving below {}, by its word: {}, knowing mark {:?}); the registry answers{}: {}; {}",
+                name(s),
+                (last.servers[s].clock(last.now) + i64::from(TTL)).max(0),
+                last.servers[s].lease.as_ref().is_some_and(|l| l.deadline > last.now),
+                last.servers[s].applied_tenure.map(|_| last.servers[s].known_mark),
+                if lost { ", but the answer is lost" } else { "" },
+                registry(&after),
+                lease(&after, s)
+            ),
+            Action::Claim(s, _) => format!(
+                "server {}'s lease worker reads the keys: {}",
+                name(s),
+                registry(&after)
+            ),
+            Action::Write(s, lost) => format!(
+                "server {}'s lease worker writes{}: {}; {}",
+                name(s),
+                if lost { ", and its answer is lost" } else { "" },
+                registry(&after),
+                lease(&after, s)
+            ),
+            Action::Crash(s) => format!("server {} crashes and starts again as run {}", name(s), after.servers[s].incarnation),
+            Action::StepClock(s, by) => format!("server {}'s clock steps by {by}", name(s)),
+            Action::Free if self.kind == Kind::Postgres => "an operator runs snowid_handover()".into(),
+            Action::Free => "an operator revokes the worker id's etcd lease".into(),
+            Action::DeleteHolder if self.kind == Kind::Postgres => "an operator deletes the lease row".into(),
+            Action::DeleteHolder => "an operator deletes the workers and holders keys".into(),
+            Action::WipePrefix => "an operator wipes etcd's prefix".into(),
+        })
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("I1: no id issued twice", |_, state: &State| {
+                state.twice.is_none()
+            }),
+            Property::always("I2: a server's ids increase", |_, state: &State| {
+                state.backwards.is_none()
+            }),
+            Property::always(
+                "I3: no id ahead of its server's clock",
+                |_, state: &State| state.ahead_of_clock.is_none(),
+            ),
+            Property::sometimes(
+                "both servers issue under the worker id",
+                |_, state: &State| state.highest[0] > 0 && state.highest[1] > 0,
+            ),
+        ]
+    }
+}
+
+/// One checker at a time: the defects are switched for the whole process.
+static SWITCHES: Mutex<()> = Mutex::new(());
+
+const I1: &str = "I1: no id issued twice";
+
+fn check(kind: Kind, bound: Bound, switched_on: &[Defect], stop_at_failure: bool) -> String {
+    let _one_at_a_time = SWITCHES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    defects::switch_on(switched_on);
+    let started = Instant::now();
+    let model = Protocol { kind, bound };
+    let builder = model.checker().threads(2);
+    let builder = if stop_at_failure {
+        builder.finish_when(HasDiscoveries::AnyFailures)
+    } else {
+        builder
+    };
+    let checker = builder.spawn_bfs().join();
+    let took = started.elapsed();
+    let mut report = format!(
+        "{kind:?}, {} ticks, up to {} faults, defects {switched_on:?}: {} states ({} distinct), depth {}, {:.1} s\n",
+        bound.ticks,
+        bound.faults,
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        secs(took)
+    );
+    for (name, path) in checker.discoveries() {
+        let _ = writeln!(report, "{name}: found in {} steps", path.last_state_depth());
+        report.push_str(&readable(checker.model(), &path));
+    }
+    // Only now: the traces are told by running their steps again, with the same switches.
+    defects::switch_on(&[]);
+    println!("{report}");
+    report
+}
+
+fn secs(duration: Duration) -> f64 {
+    duration.as_secs_f64()
+}
+
+trait Depth {
+    fn last_state_depth(&self) -> usize;
+}
+
+impl Depth for Path<State, Action> {
+    fn last_state_depth(&self) -> usize {
+        self.clone().into_actions().len()
+    }
+}
+
+fn readable(model: &Protocol, path: &Path<State, Action>) -> String {
+    let mut text = String::new();
+    for (state, action) in path.clone().into_vec() {
+        if let Some(action) = action {
+            if let Some(step) = model.format_step(&state, action) {
+                let _ = writeln!(text, "  - {step}");
+            }
+        }
+    }
+    let last = path.last_state();
+    if let Some((s, ms)) = last.twice {
+        let _ = writeln!(
+            text,
+            "  => server {} issued an id of millisecond {ms} that was issued before",
+            NAMES[s]
+        );
+    }
+    text
+}
+
+/// The bound CI checks; `SNOWID_MODEL_TICKS` and `SNOWID_MODEL_FAULTS` set a deeper one.
+fn bound() -> Bound {
+    let setting = |name: &str, default| {
+        std::env::var(name)
+            .ok()
+            .map_or(default, |value| value.parse().expect("a whole number"))
+    };
+    Bound {
+        ticks: setting("SNOWID_MODEL_TICKS", 4),
+        faults: setting("SNOWID_MODEL_FAULTS", 2) as u8,
+    }
+}
+
+#[test]
+fn no_id_twice_with_a_shared_postgresql_registry() {
+    let report = check(Kind::Postgres, bound(), &[], false);
+    assert!(
+        !report.contains("I1") && !report.contains("I2") && !report.contains("I3"),
+        "{report}"
+    );
+    assert!(report.contains("both servers issue"), "{report}");
+}
+
+#[test]
+fn no_id_twice_with_etcd() {
+    let report = check(Kind::Etcd, bound(), &[], false);
+    assert!(
+        !report.contains("I1") && !report.contains("I2") && !report.contains("I3"),
+        "{report}"
+    );
+    assert!(report.contains("both servers issue"), "{report}");
+}
+
+#[test]
+fn finds_a_holders_word_taken_where_its_keys_are_gone() {
+    let report = check(Kind::Etcd, bound(), &[Defect::WordWithoutMark], true);
+    assert!(report.contains(I1), "{report}");
+}
+
+#[test]
+fn finds_a_renewal_whose_first_answer_was_lost_applying_no_floor() {
+    let report = check(
+        Kind::Postgres,
+        bound(),
+        &[Defect::RenewalWithoutFloor],
+        true,
+    );
+    assert!(report.contains(I1) || report.contains("I2"), "{report}");
+}
