@@ -106,7 +106,6 @@ pub(crate) fn issuing_clock(state: &IssuingState) -> TrustedClock<'_, SystemCloc
     TrustedClock {
         clock: &SystemClock,
         offset: state.trusted_offset(),
-        max_forward_ms: gucs::max_clock_forward_ms(),
     }
 }
 

@@ -258,7 +258,10 @@ impl LeaseWorker {
             .ok()
             .and_then(|text| trusted_clock::offset_from_file(&text, &boot_id));
         if let Some(offset_ms) = kept {
-            self.state.trusted_offset().restore(&SystemClock, offset_ms);
+            let max_forward_ms = gucs::max_clock_forward_ms();
+            self.state
+                .trusted_offset()
+                .restore(&SystemClock, offset_ms, max_forward_ms);
             self.clock_saved_ms = offset_ms;
         }
     }

@@ -579,6 +579,7 @@ mod tests {
     use super::*;
     use crate::clock::SystemClock;
     use crate::layout::{stamp, TimestampOutOfRange, EPOCH_UNIX_MS, MAX_MILLIS};
+    use crate::trusted_clock::TrustedClock;
     use proptest::prelude::*;
     use std::cell::{Cell, RefCell};
     use std::collections::VecDeque;
@@ -823,6 +824,103 @@ mod tests {
             Err(Refusal::BoundReached)
         );
         assert_eq!(worker.sleeps.get(), 3);
+    }
+
+    /// A wall clock `offset_ms` ahead of a monotonic clock that moves only when told.
+    struct SteppedClock {
+        monotonic_ns: Cell<u64>,
+        offset_ms: Cell<i64>,
+    }
+
+    impl SteppedClock {
+        fn pass(&self, duration: Duration) {
+            let ns = self.monotonic_ns.get() + duration.as_nanos() as u64;
+            self.monotonic_ns.set(ns);
+        }
+    }
+
+    impl Clock for SteppedClock {
+        fn unix_millis(&self) -> i64 {
+            (self.monotonic_ns.get() / 1_000_000) as i64 + self.offset_ms.get()
+        }
+
+        fn monotonic_ns(&self) -> u64 {
+            self.monotonic_ns.get()
+        }
+    }
+
+    /// A caller's waits while the lease worker, at the first of them, looks at the clock with
+    /// `snowid.max_clock_forward` lowered to `reloaded_ms` by a reload; a wait that lasts past
+    /// `statement_timeout` ends the statement.
+    struct ReloadDuringWait<'a> {
+        clock: &'a SteppedClock,
+        trusted: &'a TrustedOffset,
+        reloaded_ms: u64,
+        slept: Cell<Duration>,
+    }
+
+    impl Waiter for ReloadDuringWait<'_> {
+        fn sleep(&self, duration: Duration) {
+            if self.slept.get().is_zero() {
+                self.trusted.look(self.clock, self.reloaded_ms);
+            }
+            self.clock.pass(duration);
+            self.slept.set(self.slept.get() + duration);
+            assert!(
+                self.slept.get() < Duration::from_secs(30),
+                "statement_timeout: still waiting at the ceiling"
+            );
+        }
+        fn check_interrupts(&self) {}
+    }
+
+    #[test]
+    fn a_bound_lowered_at_a_reload_reaches_a_caller_waiting_at_the_ceiling() {
+        let clock = SteppedClock {
+            monotonic_ns: Cell::new(1_000_000_000),
+            offset_ms: Cell::new(EPOCH_UNIX_MS + T as i64 - 1_000),
+        };
+        let state = IssuingState::default();
+        let trusted = state.trusted_offset();
+        // snowid.max_clock_forward is a minute, and a step of five minutes is held back.
+        trusted.look(&clock, 60_000);
+        clock.offset_ms.set(clock.offset_ms.get() + 300_000);
+        assert_eq!(
+            trusted.look(&clock, 60_000),
+            crate::trusted_clock::Look::HoldingBack { ahead_ms: 240_000 }
+        );
+        // A caller in a statement that began before the reload.
+        let issuing = TrustedClock {
+            clock: &clock,
+            offset: trusted,
+        };
+        let now_ms = clock_millis(&issuing).unwrap();
+        assert_eq!(now_ms, T + 60_000);
+        // The lease worker keeps the ceiling a millisecond ahead; it moves it on only once its own
+        // time nears it, and after the reload its time is 59 s behind.
+        state.open_gate(&Grant {
+            reserved_until_ms: now_ms + 1,
+            moves_up_to_ms: now_ms + 30_000,
+            ..OPEN
+        });
+        let waiter = ReloadDuringWait {
+            clock: &clock,
+            trusted,
+            reloaded_ms: 1_000,
+            slept: Cell::new(Duration::ZERO),
+        };
+        assert_eq!(
+            state.issue(&issuing, &waiter, 1, 5).map(|run| run.first),
+            Ok(stamp(now_ms, 0))
+        );
+        clock.pass(Duration::from_millis(1));
+        // At the ceiling, the caller waits; the reload comes; the next look refuses, as the new
+        // bound says: the time to issue at is now 59 s behind the id just issued.
+        assert_eq!(
+            state.issue(&issuing, &waiter, 1, 5),
+            Err(Refusal::ClockBehind { by_ms: 58_994 })
+        );
+        assert_eq!(waiter.slept.get(), Duration::from_millis(5));
     }
 
     #[test]

@@ -16,11 +16,17 @@
 //! back: a wall clock within the bound of the registry's is followed at once, and the trusted time
 //! catches up no further than the registry's.
 //!
+//! The bound is the lease worker's too: it writes the value it looked with beside the offset, and
+//! callers issue by that, not by their own copy of the setting. A backend reads the configuration
+//! files again only between statements, so a caller inside one, waiting at the ceiling, say,
+//! would keep the bound of before a reload while the worker moves the ceiling by the new one; the
+//! worker reads them at its next wake-up, and with them every caller has the new bound at once.
+//!
 //! The monotonic clock (CLOCK_BOOTTIME) never steps, and the time synchronisation slews it with the
 //! wall clock, so the offset between the two moves only when the wall clock is stepped.
 
 use crate::clock::Clock;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// The trusted offset catches up with a held-back step at 1 ms for every 20 ms that pass: 3 s a
 /// minute. A legitimate step of S beyond the bound is followed within 20 S; a mistaken one undone
@@ -44,6 +50,8 @@ pub struct TrustedOffset {
     /// The latest the registry's clock can read, as an offset like `offset_ms`; 0 for none (the
     /// lease table on this server, or no grant yet).
     registry_offset_ms: AtomicI64,
+    /// `snowid.max_clock_forward` as the worker last looked with it, written before `offset_ms`.
+    max_forward_ms: AtomicU64,
 }
 
 /// What the worker's look found.
@@ -56,15 +64,18 @@ pub enum Look {
 }
 
 impl TrustedOffset {
-    /// The Unix milliseconds to issue at: the wall clock's reading, or the trusted time plus
-    /// `max_forward_ms` where that is earlier.
-    pub fn unix_millis(&self, clock: &impl Clock, max_forward_ms: u64) -> i64 {
+    /// The Unix milliseconds to issue at: the wall clock's reading, or the trusted time plus the
+    /// bound the worker looked with where that is earlier.
+    pub fn unix_millis(&self, clock: &impl Clock) -> i64 {
         // The wall clock first: a caller held up between the two readings gets a bound that is
         // later, not an earlier time than its wall clock read.
         let wall = clock.unix_millis();
         match self.offset_ms.load(Ordering::Acquire) {
             0 => wall,
-            offset => wall.min(monotonic_ms(clock) + offset + max_forward_ms as i64),
+            offset => {
+                let max_forward_ms = self.max_forward_ms.load(Ordering::Acquire) as i64;
+                wall.min(monotonic_ms(clock) + offset + max_forward_ms)
+            }
         }
     }
 
@@ -72,8 +83,9 @@ impl TrustedOffset {
     /// ahead of the trusted time, or behind it; otherwise moves the trusted offset towards it by
     /// the time since the last look divided by [`CATCH_UP_DIVISOR`]. A wall clock behind the
     /// trusted time is followed as slowly, so that a step back that is undone soon is not then
-    /// held back.
+    /// held back. Callers issue by `max_forward_ms` from now on.
     pub fn look(&self, clock: &impl Clock, max_forward_ms: u64) -> Look {
+        self.max_forward_ms.store(max_forward_ms, Ordering::Release);
         let now_ms = monotonic_ms(clock);
         let observed = clock.unix_millis() - now_ms;
         // Catch-up is credited for whole twentieths; the rest of the time waits for the next look.
@@ -130,9 +142,11 @@ impl TrustedOffset {
     }
 
     /// Takes `offset_ms`, kept by an earlier run on this boot of the machine, for a state that
-    /// trusts none yet (shared memory set up anew by a restart); catch-up is credited from now.
-    pub fn restore(&self, clock: &impl Clock, offset_ms: i64) {
+    /// trusts none yet (shared memory set up anew by a restart), with the bound `max_forward_ms`;
+    /// catch-up is credited from now.
+    pub fn restore(&self, clock: &impl Clock, offset_ms: i64, max_forward_ms: u64) {
         if self.offset_ms.load(Ordering::Acquire) == 0 {
+            self.max_forward_ms.store(max_forward_ms, Ordering::Release);
             self.looked_ms.store(monotonic_ms(clock), Ordering::Release);
             self.offset_ms.store(offset_ms, Ordering::Release);
         }
@@ -172,12 +186,11 @@ fn monotonic_ms(clock: &impl Clock) -> i64 {
 pub struct TrustedClock<'a, C: Clock> {
     pub clock: &'a C,
     pub offset: &'a TrustedOffset,
-    pub max_forward_ms: u64,
 }
 
 impl<C: Clock> Clock for TrustedClock<'_, C> {
     fn unix_millis(&self) -> i64 {
-        self.offset.unix_millis(self.clock, self.max_forward_ms)
+        self.offset.unix_millis(self.clock)
     }
 
     fn monotonic_ns(&self) -> u64 {
@@ -234,15 +247,11 @@ mod tests {
         let clock = Scripted::new();
         let trusted = TrustedOffset::default();
         clock.step(7_200_000);
-        assert_eq!(
-            trusted.unix_millis(&clock, BOUND),
-            clock.wall(),
-            "no look yet"
-        );
+        assert_eq!(trusted.unix_millis(&clock), clock.wall(), "no look yet");
         assert_eq!(trusted.look(&clock, BOUND), Look::Following);
         clock.pass(10_000);
         assert_eq!(trusted.look(&clock, BOUND), Look::Following);
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.unix_millis(&clock), clock.wall());
     }
 
     #[test]
@@ -251,11 +260,11 @@ mod tests {
         let trusted = TrustedOffset::default();
         trusted.look(&clock, BOUND);
         clock.step(1_000);
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.unix_millis(&clock), clock.wall());
         assert_eq!(trusted.look(&clock, BOUND), Look::Following);
         // Another such step after the look is within the bound again.
         clock.step(1_000);
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.unix_millis(&clock), clock.wall());
     }
 
     #[test]
@@ -266,7 +275,7 @@ mod tests {
         let before = clock.wall();
         clock.step(5_000);
         // Before the worker looks, callers already issue at the bound.
-        assert_eq!(trusted.unix_millis(&clock, BOUND), before + 1_000);
+        assert_eq!(trusted.unix_millis(&clock), before + 1_000);
         assert_eq!(
             trusted.look(&clock, BOUND),
             Look::HoldingBack { ahead_ms: 4_000 }
@@ -277,14 +286,14 @@ mod tests {
             trusted.look(&clock, BOUND),
             Look::HoldingBack { ahead_ms: 3_500 }
         );
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall() - 3_500);
+        assert_eq!(trusted.unix_millis(&clock), clock.wall() - 3_500);
         clock.pass(70_000);
         assert_eq!(
             trusted.look(&clock, BOUND),
             Look::Following,
             "3.5 s in 70 s"
         );
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.unix_millis(&clock), clock.wall());
     }
 
     #[test]
@@ -297,12 +306,12 @@ mod tests {
         for _ in 0..30 {
             clock.pass(1_000);
             trusted.look(&clock, BOUND);
-            latest = trusted.unix_millis(&clock, BOUND);
+            latest = trusted.unix_millis(&clock);
         }
         clock.step(-7_200_000);
         // 30 s caught up 1.5 s: the ids lead the clock by the bound and that.
         assert_eq!(latest - clock.wall(), 2_500);
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.unix_millis(&clock), clock.wall());
         assert_eq!(trusted.look(&clock, BOUND), Look::Following);
     }
 
@@ -320,7 +329,7 @@ mod tests {
         );
         trusted.hear_registry(&clock, clock.wall() - 120, 150);
         assert_eq!(trusted.look(&clock, BOUND), Look::Following);
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.unix_millis(&clock), clock.wall());
 
         // A step of two hours that the registry does not confirm: caught up to the registry's
         // time and no further, however long it stands.
@@ -337,9 +346,28 @@ mod tests {
             }
         );
         assert_eq!(
-            trusted.unix_millis(&clock, BOUND),
+            trusted.unix_millis(&clock),
             clock.wall() - 7_200_000 + 1_000
         );
+    }
+
+    #[test]
+    fn callers_issue_by_the_bound_the_worker_last_looked_with() {
+        let clock = Scripted::new();
+        let trusted = TrustedOffset::default();
+        trusted.look(&clock, 60_000);
+        let before = clock.wall();
+        clock.step(300_000);
+        trusted.look(&clock, 60_000);
+        assert_eq!(trusted.unix_millis(&clock), before + 60_000);
+        // snowid.max_clock_forward lowered at a reload: every caller has it at the worker's look,
+        // whatever its own copy of the setting says until its statement ends.
+        trusted.look(&clock, 1_000);
+        assert_eq!(trusted.unix_millis(&clock), before + 1_000);
+        // An offset restored after a restart comes with the bound of the worker that restores it.
+        let restarted = TrustedOffset::default();
+        restarted.restore(&clock, trusted.offset_ms(), 2_000);
+        assert_eq!(restarted.unix_millis(&clock), before + 2_000);
     }
 
     #[test]
@@ -350,7 +378,7 @@ mod tests {
         let text = offset_file_text("4f1c", before.offset_ms());
         clock.step(300_000);
         let restarted = TrustedOffset::default();
-        restarted.restore(&clock, offset_from_file(&text, "4f1c").unwrap());
+        restarted.restore(&clock, offset_from_file(&text, "4f1c").unwrap(), BOUND);
         assert_eq!(
             restarted.look(&clock, BOUND),
             Look::HoldingBack { ahead_ms: 299_000 }
@@ -361,7 +389,7 @@ mod tests {
         assert_eq!(offset_from_file(&offset_file_text("4f1c", 0), "4f1c"), None);
         // A state that trusts an offset already keeps it.
         let kept = before.offset_ms();
-        before.restore(&clock, kept + 5);
+        before.restore(&clock, kept + 5, BOUND);
         assert_eq!(before.offset_ms(), kept);
     }
 
@@ -371,18 +399,18 @@ mod tests {
         let trusted = TrustedOffset::default();
         trusted.look(&clock, BOUND);
         clock.step(-10_000);
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.unix_millis(&clock), clock.wall());
         clock.pass(20_000);
         assert_eq!(trusted.look(&clock, BOUND), Look::Following);
         clock.step(10_000);
         // 1 s of the step back was followed; the step undone is within the bound.
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall());
+        assert_eq!(trusted.unix_millis(&clock), clock.wall());
         assert_eq!(trusted.look(&clock, BOUND), Look::Following);
         // Left back for good, it is followed all the way.
         clock.step(-10_000);
         clock.pass(200_000);
         trusted.look(&clock, BOUND);
         clock.step(10_000 + 1_000 + 1);
-        assert_eq!(trusted.unix_millis(&clock, BOUND), clock.wall() - 10_001);
+        assert_eq!(trusted.unix_millis(&clock), clock.wall() - 10_001);
     }
 }

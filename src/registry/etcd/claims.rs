@@ -16,22 +16,26 @@
 //! claim was sent, the next holder starting above the mark, and a restart of the holder taking its
 //! key back at once. A key another server holds is never taken before its etcd lease runs out.
 //!
-//! Each worker id has one etcd lease ID of its own (`lease_id`), so that etcd itself refuses a
-//! second holder while the first one's lease runs, even when the keys are gone: deleted, or
-//! written back from an earlier snapshot (then bound to no lease, and held by nobody). The server
+//! Each worker id has one etcd lease ID of its own (`lease_id`), so that a second holder is refused
+//! while the first one's lease runs, even when the keys are gone: deleted, or written back from an
+//! earlier snapshot (then bound to no lease, and held by nobody). A take asks etcd whether that
+//! lease runs before it grants it (see `LeaseStep`), so that a grant that reaches etcd twice (sent
+//! again by libcurl or to the next member) is not taken for another server's lease. The server
 //! that holds the etcd lease puts its keys back at its next renewal; every other one is refused
-//! until the lease runs out.
+//! until the lease runs out. A release that finds its keys gone once it sent its transaction
+//! revokes the etcd lease all the same (see `ReleaseStep`).
 
 use super::calls::Status;
 use super::calls::{delete, int, put, Etcd};
 use super::gateway::{is_lease_taken, is_not_found, is_permission_denied};
 use super::history::{judge, new_epoch, Epoch, Judgement, Recorded, Seen};
 pub use super::keys::{lease_id, Held, Holder, Request};
-use super::keys::{new_mark, plan, KeysRead, Plan, WORKER_IDS};
+use super::keys::{
+    lease_step, new_mark, plan, release_step, KeysRead, LeaseStep, Plan, ReleaseStep, WORKER_IDS,
+};
 use crate::lease::{Answer, Granted, Verdict};
 use crate::registry::Failure;
 use serde_json::json;
-use snowid_core::grant;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -398,7 +402,9 @@ impl Etcd {
     }
 
     /// Takes `worker_id`'s keys with its etcd lease: granted anew, or, when this run of the server
-    /// holds the worker id and its keys are gone, the one it holds, kept alive.
+    /// holds the worker id and its keys are gone, the one it holds, kept alive. Whether the etcd
+    /// lease runs is asked before it is granted, so that a grant that reached etcd twice reads as
+    /// what it is (see `LeaseStep`).
     #[allow(clippy::too_many_arguments)]
     fn take(
         &mut self,
@@ -411,37 +417,38 @@ impl Etcd {
     ) -> Result<Taken, Failure> {
         let lease = lease_id(self.prefix(), worker_id);
         let ttl_s = request.ttl.as_secs().max(1);
-        let grant = self.call(
-            "/v3/lease/grant",
-            json!({"ID": lease.to_string(), "TTL": ttl_s.to_string()}),
-            budget,
-        );
-        let (granted_s, holder, renewal) = match grant {
-            Ok(reply) => (int(&reply.body["TTL"]), holder, false),
-            Err(failure) if is_lease_taken(&failure) => {
-                match request.held.filter(|held| held.worker_id == worker_id) {
-                    Some(held) => {
-                        let ttl_s = self.keep_alive(lease, budget)?;
-                        if ttl_s <= 0 {
-                            // It ran out since: grant it anew at the next claim.
-                            return Ok(Taken::Raced);
+        let (granted_s, holder, renewal) =
+            match lease_step(self.time_to_live(lease, budget)?, worker_id, request) {
+                LeaseStep::Refuse { left_s } => return Ok(Taken::LeaseRuns { left_s }),
+                LeaseStep::KeepHeld(held) => {
+                    let holder = Holder {
+                        tenure: held.tenure,
+                        ..holder
+                    };
+                    (self.keep_alive(lease, budget)?, holder, true)
+                }
+                LeaseStep::Grant => {
+                    let grant = self.call(
+                        "/v3/lease/grant",
+                        json!({"ID": lease.to_string(), "TTL": ttl_s.to_string()}),
+                        budget,
+                    );
+                    match grant {
+                        Ok(reply) => match int(&reply.body["TTL"]) {
+                            granted_s if granted_s > 0 => (granted_s, holder, false),
+                            _ => return Err(Failure::Error("etcd granted no lease".into())),
+                        },
+                        // Granted since the question: the keys' transaction decides.
+                        Err(failure) if is_lease_taken(&failure) => {
+                            (self.keep_alive(lease, budget)?, holder, false)
                         }
-                        let holder = Holder {
-                            tenure: held.tenure,
-                            ..holder
-                        };
-                        (ttl_s, holder, true)
-                    }
-                    None => {
-                        let left_s = self.time_to_live(lease, budget)?.max(1);
-                        return Ok(Taken::LeaseRuns { left_s });
+                        Err(failure) => return Err(failure),
                     }
                 }
-            }
-            Err(failure) => return Err(failure),
-        };
+            };
         if granted_s <= 0 {
-            return Err(Failure::Error("etcd granted no lease".into()));
+            // The lease kept alive ran out since: grant it anew at the next claim.
+            return Ok(Taken::Raced);
         }
         let ops = vec![
             put(&self.key("workers", worker_id), &holder.name, lease),
@@ -466,9 +473,11 @@ impl Etcd {
             });
         }
         // Lost the race to a server with a lease of another ID (snowid 0.7.0): the new etcd lease
-        // holds nothing, and would run out by itself. One this server issues under stays.
-        if !renewal {
-            let _ = self.call("/v3/lease/revoke", json!({"ID": lease.to_string()}), budget);
+        // holds nothing, and would run out by itself. One this server issues under stays, and so
+        // does one the winner's keys are bound to: its ID, granted by one of the two and read by
+        // the other as granted since its question (see `LeaseStep::Grant`).
+        if !renewal && now.worker.lease != lease {
+            let _ = self.revoke(lease, budget);
         }
         Ok(Taken::Raced)
     }
@@ -486,40 +495,51 @@ impl Etcd {
         known_mark_ms: Option<u64>,
         budget: Instant,
     ) -> Result<(), Failure> {
+        // The etcd lease this release's transaction set free, once it was sent: sent again, an
+        // applied transaction fails its comparison (see `ReleaseStep::Revoke`).
+        let mut sent: Option<i64> = None;
         for _ in 0..ATTEMPTS {
             let snapshot = self.read(worker_id, budget)?;
-            let Some(own) = snapshot
-                .holder()
-                .filter(|own| own.holder == holder && own.incarnation == incarnation)
-            else {
-                return Ok(());
+            let step = release_step(
+                &snapshot,
+                holder,
+                incarnation,
+                high_water_ms,
+                known_mark_ms,
+                sent.is_some(),
+            )
+            .map_err(Failure::Error)?;
+            let mark_ms = match (step, sent) {
+                (ReleaseStep::Commit { mark_ms }, _) => mark_ms,
+                (ReleaseStep::Revoke, Some(lease)) => return self.revoke(lease, budget),
+                (ReleaseStep::Revoke | ReleaseStep::Done, _) => return Ok(()),
             };
-            let mark_ms = snapshot.mark_ms().map_err(Failure::Error)?;
-            if known_mark_ms.is_some_and(|known| mark_ms > known) {
-                return Ok(());
-            }
-            let lowered = grant::released_mark(mark_ms, own.acquired_mark_ms, high_water_ms);
             let ops = vec![
-                put(&self.key("marks", worker_id), &lowered.to_string(), 0),
+                put(&self.key("marks", worker_id), &mark_ms.to_string(), 0),
                 delete(&self.key("workers", worker_id)),
                 delete(&self.key("holders", worker_id)),
             ];
+            // Keys written back by hand are bound to no etcd lease; this server's still runs.
+            let lease = match snapshot.worker.lease {
+                0 => lease_id(self.prefix(), worker_id),
+                lease => lease,
+            };
             if self.commit(worker_id, &snapshot, ops, budget)? {
-                // Keys written back by hand are bound to no etcd lease; this server's still runs.
-                let lease = match snapshot.worker.lease {
-                    0 => lease_id(self.prefix(), worker_id),
-                    lease => lease,
-                }
-                .to_string();
-                return match self.call("/v3/lease/revoke", json!({"ID": lease}), budget) {
-                    Err(failure) if !is_not_found(&failure) => Err(failure),
-                    _ => Ok(()),
-                };
+                return self.revoke(lease, budget);
             }
+            sent = Some(lease);
         }
         Err(Failure::Error(format!(
             "the etcd keys of worker id {worker_id} changed under each of {ATTEMPTS} releases in a row"
         )))
+    }
+
+    /// Revokes the etcd lease `lease`; one already gone is as good.
+    fn revoke(&mut self, lease: i64, budget: Instant) -> Result<(), Failure> {
+        match self.call("/v3/lease/revoke", json!({"ID": lease.to_string()}), budget) {
+            Err(failure) if !is_not_found(&failure) => Err(failure),
+            _ => Ok(()),
+        }
     }
 
     /// Who holds `worker_id` under a live etcd lease, other than `holder`: its name, and its record
@@ -574,5 +594,190 @@ fn refused_answer(
             },
             None => Verdict::Unsettled { until: expires_at },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fake::FakeEtcd;
+    use super::super::setting::Setting;
+    use super::*;
+    use crate::layout::EPOCH_UNIX_MS;
+    use std::time::Duration;
+
+    const PREFIX: &str = "/x";
+    const TTL: Duration = Duration::from_secs(30);
+
+    /// etcd's clock as the fake member's `Date` says it, in ms since the snowid epoch.
+    fn registry_ms() -> u64 {
+        let unix_ms = super::super::gateway::http_date_unix_ms(super::super::fake::DATE).unwrap();
+        (unix_ms - EPOCH_UNIX_MS) as u64
+    }
+
+    fn request(holder: &'static str) -> Request<'static> {
+        Request {
+            holder,
+            incarnation: "run1",
+            name: holder,
+            ttl: TTL,
+            reserve_until_ms: registry_ms() + 30_000,
+            now_unix_us: 1_796_000_000_000_000,
+            held: None,
+            known_mark_ms: None,
+        }
+    }
+
+    fn etcd(fake: &FakeEtcd) -> Etcd {
+        Etcd::new(
+            Setting::parse(&fake.registry(PREFIX)).unwrap(),
+            || false,
+            |_| {},
+        )
+    }
+
+    fn budget() -> Instant {
+        Instant::now() + Duration::from_secs(10)
+    }
+
+    fn claim(etcd: &mut Etcd, holder: &'static str) -> Answer {
+        etcd.claim(Some(5), &request(holder), budget()).unwrap()
+    }
+
+    fn lease() -> i64 {
+        lease_id(PREFIX, 5)
+    }
+
+    /// The keys of worker id 5: who `workers/5` names, and the etcd lease it is bound to.
+    fn worker_key(fake: &FakeEtcd) -> Option<(String, i64)> {
+        fake.key("/x/workers/5").map(|kv| (kv.value, kv.lease))
+    }
+
+    #[test]
+    fn a_grant_applied_and_sent_again_on_a_new_connection_is_this_claims_own() {
+        let fake = FakeEtcd::start();
+        let mut etcd = etcd(&fake);
+        // The claim's reads come first, on the kept connection: the grant follows them there.
+        fake.drop_after_applying("/v3/lease/grant", "");
+        let answer = claim(&mut etcd, "pg@node1");
+        assert!(
+            matches!(answer.verdict, Verdict::Granted(_)),
+            "{:?}",
+            answer.verdict
+        );
+        assert_eq!(worker_key(&fake), Some(("pg@node1".into(), lease())));
+        assert_eq!(fake.lease(lease()), Some(30));
+        // libcurl sent it again, on a connection of its own.
+        assert_eq!(fake.count("/v3/lease/grant"), 2);
+    }
+
+    #[test]
+    fn a_release_whose_transaction_is_applied_and_sent_again_still_revokes() {
+        let fake = FakeEtcd::start();
+        let mut etcd = etcd(&fake);
+        assert!(matches!(
+            claim(&mut etcd, "pg@node1").verdict,
+            Verdict::Granted(_)
+        ));
+        fake.drop_after_applying("/v3/kv/txn", "request_delete_range");
+        etcd.release(5, "pg@node1", "run1", registry_ms(), None, budget())
+            .unwrap();
+        assert_eq!(worker_key(&fake), None);
+        assert_eq!(fake.lease(lease()), None, "the etcd lease was not revoked");
+        // Another server takes the worker id at once.
+        let mut other = self::etcd(&fake);
+        assert!(matches!(
+            claim(&mut other, "pg@node2").verdict,
+            Verdict::Granted(_)
+        ));
+    }
+
+    #[test]
+    fn an_etcd_lease_that_runs_with_its_keys_gone_is_taken_only_by_its_holder() {
+        // Another server holds worker id 5 and issues; its keys were deleted.
+        let fake = FakeEtcd::start();
+        fake.grant(lease(), 30);
+        let mut etcd = etcd(&fake);
+        fake.drop_after_applying("/v3/lease/grant", "");
+        let answer = claim(&mut etcd, "pg@node1");
+        assert!(
+            matches!(answer.verdict, Verdict::Unsettled { .. }),
+            "{:?}",
+            answer.verdict
+        );
+        assert_eq!(worker_key(&fake), None);
+        assert_eq!(fake.count("/v3/lease/grant"), 0, "nothing granted");
+        // Its holder puts them back, under the lease it holds, with its tenure.
+        let held = Request {
+            held: Some(Held {
+                worker_id: 5,
+                tenure: 1_795_000_000_000_000,
+            }),
+            ..request("pg@node2")
+        };
+        let mut holder = self::etcd(&fake);
+        let answer = holder.claim(Some(5), &held, budget()).unwrap();
+        let Verdict::Granted(granted) = answer.verdict else {
+            panic!("{:?}", answer.verdict)
+        };
+        assert_eq!(
+            (granted.tenure, granted.renewal),
+            (1_795_000_000_000_000, true)
+        );
+        assert_eq!(worker_key(&fake), Some(("pg@node2".into(), lease())));
+    }
+
+    #[test]
+    fn a_server_taking_the_worker_id_between_the_question_and_the_grant_holds_it_alone() {
+        let fake = FakeEtcd::start();
+        let other = fake.clone();
+        // Server 2 takes the free worker id after server 1 asked whether its etcd lease runs, before
+        // server 1's grant: that answers "already exists", which server 1 cannot tell from its own
+        // grant sent twice.
+        fake.before("/v3/lease/grant", "", move || {
+            assert!(matches!(
+                claim(&mut self::etcd(&other), "pg@node2").verdict,
+                Verdict::Granted(_)
+            ));
+        });
+        let answer = claim(&mut etcd(&fake), "pg@node1");
+        let Verdict::HeldByOther { holder, .. } = answer.verdict else {
+            panic!("{:?}", answer.verdict)
+        };
+        assert_eq!(holder, "pg@node2");
+        assert_eq!(worker_key(&fake), Some(("pg@node2".into(), lease())));
+        assert_eq!(fake.lease(lease()), Some(30));
+        assert_eq!(fake.count("/v3/lease/revoke"), 0);
+    }
+
+    #[test]
+    fn a_take_that_loses_its_keys_to_a_server_under_the_same_etcd_lease_leaves_the_lease() {
+        let fake = FakeEtcd::start();
+        let other = fake.clone();
+        // Server 1's grant succeeds; before its keys are written, server 2's are, bound to the same
+        // etcd lease, as a server that read the grant as made since its question writes them.
+        // The transaction that writes keys bound to an etcd lease.
+        fake.before("/v3/kv/txn", "\"lease\"", move || {
+            let holder = Holder {
+                holder: "pg@node2".into(),
+                incarnation: "run1".into(),
+                name: "pg@node2".into(),
+                tenure: 1_796_000_000_000_000,
+                acquired_mark_ms: 0,
+            };
+            other.put("/x/workers/5", "pg@node2", lease());
+            other.put("/x/holders/5", &holder.to_json(), lease());
+        });
+        let answer = claim(&mut etcd(&fake), "pg@node1");
+        assert!(
+            matches!(answer.verdict, Verdict::HeldByOther { .. }),
+            "{:?}",
+            answer.verdict
+        );
+        assert_eq!(worker_key(&fake), Some(("pg@node2".into(), lease())));
+        assert_eq!(
+            fake.lease(lease()),
+            Some(30),
+            "the winner's lease was revoked"
+        );
     }
 }

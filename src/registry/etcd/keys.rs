@@ -192,6 +192,91 @@ pub fn plan(snapshot: &KeysRead, worker_id: u16, request: &Request) -> Result<Pl
     })
 }
 
+/// What a take does about the worker id's etcd lease (see `lease_id`), decided on its time to live
+/// as etcd answers it before the take grants it.
+///
+/// A call can reach etcd twice: libcurl sends a request again on a new connection when the kept
+/// one breaks before an answer, and the gateway sends it to the next member when one fails to
+/// answer, or answers that it timed out or lost its leader, after either may have applied it. A
+/// grant applied twice answers "lease already exists" the second time, which cannot be told from
+/// the lease of another server: no record says who granted a lease, and another server's that runs
+/// with its keys gone (deleted, or written back without it) has just been kept alive for its whole
+/// time to live as often as one of ours has just been granted. Taking that one would let two
+/// servers issue under the worker id at once. So the question is asked before the grant: a lease
+/// that runs then is never taken by a server that does not hold it, and one that does not run
+/// then holds no server's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// No etcd lease runs: grant it. An answer that it exists then means that it was granted
+    /// since, by this very grant sent twice or by another server taking the free worker id at the
+    /// same moment: under it nobody issues yet, and nobody does until their keys are written. The
+    /// take keeps it alive and lets the transaction that writes the keys decide who holds them.
+    Grant,
+    /// The etcd lease runs, and this run holds the worker id: keep it alive and put back the keys.
+    KeepHeld(Held),
+    /// The etcd lease of another server runs, for `left_s` more (its keys are gone, or came back
+    /// while the take read): refused until then.
+    Refuse { left_s: i64 },
+}
+
+/// Decides [`LeaseStep`] on etcd's time to live of the worker id's etcd lease (`-1`: none runs;
+/// `0` for the last second of one that runs), for a claim of `worker_id` by `request`.
+pub fn lease_step(time_to_live_s: i64, worker_id: u16, request: &Request) -> LeaseStep {
+    if time_to_live_s < 0 {
+        return LeaseStep::Grant;
+    }
+    match request.held.filter(|held| held.worker_id == worker_id) {
+        Some(held) => LeaseStep::KeepHeld(held),
+        None => LeaseStep::Refuse {
+            left_s: time_to_live_s.max(1),
+        },
+    }
+}
+
+/// What a release does on a read of the keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseStep {
+    /// Lower the mark to `mark_ms` and delete the keys in one transaction, then revoke the lease.
+    Commit { mark_ms: u64 },
+    /// The keys are gone after this release sent its transaction: it was applied (its answer lost,
+    /// and sent again, its comparison then failing), or the keys were deleted meanwhile. Either
+    /// way the etcd lease holds nothing of this run's: revoke it.
+    Revoke,
+    /// Nothing of this run's to release.
+    Done,
+}
+
+/// Decides [`ReleaseStep`] for this run (`holder`, `incarnation`), which issued up to
+/// `high_water_ms` and knows of marks up to `known_mark_ms`, on `snapshot`; `sent` once this
+/// release sent its transaction.
+pub fn release_step(
+    snapshot: &KeysRead,
+    holder: &str,
+    incarnation: &str,
+    high_water_ms: u64,
+    known_mark_ms: Option<u64>,
+    sent: bool,
+) -> Result<ReleaseStep, String> {
+    let Some(own) = snapshot
+        .holder()
+        .filter(|own| own.holder == holder && own.incarnation == incarnation)
+    else {
+        let gone = snapshot.worker.value.is_none() && snapshot.holding.value.is_none();
+        return Ok(match sent && gone {
+            true => ReleaseStep::Revoke,
+            false => ReleaseStep::Done,
+        });
+    };
+    let mark_ms = snapshot.mark_ms()?;
+    // Another copy of this run's memory claimed it since (see `Plan::Fenced`).
+    if known_mark_ms.is_some_and(|known| mark_ms > known) {
+        return Ok(ReleaseStep::Done);
+    }
+    Ok(ReleaseStep::Commit {
+        mark_ms: grant::released_mark(mark_ms, own.acquired_mark_ms, high_water_ms),
+    })
+}
+
 /// The mark after a claim that reserves up to `reserve_until_ms` (see `grant::new_mark`), etcd's
 /// clock read from its `Date` (`registry_unix_ms`, whole seconds).
 pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, registry_unix_ms: i64, ttl: Duration) -> u64 {
@@ -466,5 +551,94 @@ mod tests {
                     .into()
             )
         );
+    }
+
+    #[test]
+    fn a_take_grants_only_an_etcd_lease_that_does_not_run_and_keeps_alive_only_its_own() {
+        let held = Held {
+            worker_id: 5,
+            tenure: 1_795_953_000_000_000,
+        };
+        let holding = Request {
+            held: Some(held),
+            ..request()
+        };
+        // None runs (etcd answers -1): granted, whoever asks.
+        assert_eq!(lease_step(-1, 5, &request()), LeaseStep::Grant);
+        assert_eq!(lease_step(-1, 5, &holding), LeaseStep::Grant);
+        // One runs: this run's, kept alive; another server's, refused at least a second, its last
+        // second (0) included.
+        assert_eq!(lease_step(12, 5, &holding), LeaseStep::KeepHeld(held));
+        assert_eq!(lease_step(0, 5, &holding), LeaseStep::KeepHeld(held));
+        assert_eq!(
+            lease_step(12, 5, &request()),
+            LeaseStep::Refuse { left_s: 12 }
+        );
+        assert_eq!(
+            lease_step(0, 5, &request()),
+            LeaseStep::Refuse { left_s: 1 }
+        );
+        // Holding another worker id is holding none of this one.
+        assert_eq!(
+            lease_step(12, 6, &holding),
+            LeaseStep::Refuse { left_s: 12 }
+        );
+    }
+
+    #[test]
+    fn a_release_revokes_once_its_transaction_was_sent_and_the_keys_are_gone() {
+        let own = holder("7351-aaaa", "run2", "pg@node2:5432");
+        let release = |snapshot: &KeysRead, known: Option<u64>, sent: bool| {
+            release_step(snapshot, "7351-aaaa", "run2", 90_000, known, sent)
+        };
+        // Its keys: the mark lowered to the last id, never below where it took them (40 s).
+        assert_eq!(
+            release(&snapshot(Some(&own), 120_000), Some(130_000), false),
+            Ok(ReleaseStep::Commit { mark_ms: 90_000 })
+        );
+        assert_eq!(
+            release_step(
+                &snapshot(Some(&own), 120_000),
+                "7351-aaaa",
+                "run2",
+                10_000,
+                None,
+                false
+            ),
+            Ok(ReleaseStep::Commit { mark_ms: 40_000 })
+        );
+        // Still its keys after a transaction sent (another change failed its comparison): again.
+        assert_eq!(
+            release(&snapshot(Some(&own), 120_000), None, true),
+            Ok(ReleaseStep::Commit { mark_ms: 90_000 })
+        );
+        // Claimed since by another copy of this run's memory: left alone.
+        assert_eq!(
+            release(&snapshot(Some(&own), 130_001), Some(130_000), false),
+            Ok(ReleaseStep::Done)
+        );
+        // Gone after the transaction was sent: it was applied, its answer lost; the lease goes.
+        assert_eq!(
+            release(&snapshot(None, 90_000), None, true),
+            Ok(ReleaseStep::Revoke)
+        );
+        // Gone before it was sent: nothing of this release's.
+        assert_eq!(
+            release(&snapshot(None, 90_000), None, false),
+            Ok(ReleaseStep::Done)
+        );
+        // Another holder's, or another run's, whenever read: never touched.
+        let other = holder("7351-bbbb", "x", "pg@node1:5432");
+        let earlier = holder("7351-aaaa", "run1", "pg@node2:5432");
+        for sent in [false, true] {
+            assert_eq!(
+                release(&snapshot(Some(&other), 90_000), None, sent),
+                Ok(ReleaseStep::Done)
+            );
+            assert_eq!(
+                release(&snapshot(Some(&earlier), 90_000), None, sent),
+                Ok(ReleaseStep::Done)
+            );
+        }
     }
 }

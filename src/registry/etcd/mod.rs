@@ -4,6 +4,8 @@
 
 mod calls;
 mod claims;
+#[cfg(test)]
+mod fake;
 mod gateway;
 mod history;
 mod keys;
