@@ -5,7 +5,6 @@ use crate::errors::{Circumstances, SnowidError};
 use crate::generator::{IssuingState, StampRun, Waiter};
 use crate::layout::{self, IDS_PER_MILLI};
 use crate::refusals::{Attempt, Reason, Refusal};
-use crate::trusted_clock::TrustedClock;
 use crate::{base32, gucs, registry, server, shmem};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,7 +59,7 @@ impl Issuer {
         }
         let attempt = self.state.refusals().attempt();
         let issued = self.state.issue(
-            &issuing_clock(self.state),
+            &self.state.issuing_clock(),
             &server::LatchWaiter,
             wanted,
             gucs::max_clock_backward_ms(),
@@ -97,15 +96,6 @@ impl Issuer {
             .refusals()
             .refused(reason, attempt, monotonic_ms());
         error.raise_refusal(self.function, begins_episode, at)
-    }
-}
-
-/// The clocks ids are issued by: the wall clock as the lease worker trusts it, and the monotonic
-/// clock.
-pub(crate) fn issuing_clock(state: &IssuingState) -> TrustedClock<'_, SystemClock> {
-    TrustedClock {
-        clock: &SystemClock,
-        offset: state.trusted_offset(),
     }
 }
 
@@ -163,7 +153,7 @@ fn snowid_wait_ready(timeout: default!(Interval, "'30 seconds'")) -> bool {
     let timeout = Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
     let started = Instant::now();
     loop {
-        if issuer.state.would_issue(&issuing_clock(issuer.state)) {
+        if issuer.state.would_issue(&issuer.state.issuing_clock()) {
             return true;
         }
         let waited = started.elapsed();

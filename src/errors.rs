@@ -14,7 +14,6 @@
 //! - class 22, data exceptions (`22P02` for text that is not an id's base32 form): the input is
 //!   wrong, and retrying the same call fails the same way.
 
-use crate::api::issuing_clock;
 use crate::base32::{self, InvalidBase32};
 use crate::clock::{Clock, SystemClock};
 use crate::layout::{NegativeId, TimestampOutOfRange, MAX_WORKER_ID};
@@ -295,7 +294,7 @@ impl Circumstances {
             monotonic_ns: SystemClock.monotonic_ns(),
             unix_ms: shmem::issuing_state().map_or_else(
                 || SystemClock.unix_millis(),
-                |state| issuing_clock(state).unix_millis(),
+                |state| state.issuing_clock().unix_millis(),
             ),
         }
     }

@@ -12,7 +12,6 @@
 //! gate stays open until the lease's deadline, and the postmaster starts a new worker at once, which
 //! renews the same lease. Only a server shutdown releases it.
 
-use crate::api::issuing_clock;
 use crate::ceiling::{self, Ceiling, RunLease};
 use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
@@ -645,7 +644,7 @@ impl LeaseWorker {
     }
 
     fn lose_lease(&mut self) {
-        self.state.close_gate(&issuing_clock(self.state));
+        self.state.close_gate(&self.state.issuing_clock());
         shmem::update_lease_status(|status| status.applied_tenure = None);
         self.holding = None;
         self.claiming = self.configured;
@@ -882,7 +881,7 @@ fn remove(file: &Path) -> std::io::Result<()> {
 
 /// The time ids are issued at, in milliseconds since the snowid epoch.
 fn now_ms(state: &IssuingState) -> u64 {
-    layout::millis_since_epoch(issuing_clock(state).unix_millis()).unwrap_or(0)
+    layout::millis_since_epoch(state.issuing_clock().unix_millis()).unwrap_or(0)
 }
 
 fn grant(
@@ -917,7 +916,7 @@ fn throttle_restarts() -> bool {
 fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
     signals::leave_unless_server_stopping();
     shmem::update_lease_status(|status| status.state = State::Released);
-    let high_water_ms = state.close_gate(&issuing_clock(state));
+    let high_water_ms = state.close_gate(&state.issuing_clock());
     if let Some(worker) = worker {
         worker.release(high_water_ms);
     }

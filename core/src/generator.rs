@@ -23,10 +23,10 @@
 //! [`Grant::moves_up_to_ms`]) sleeps until the worker has moved it, or until the lease's deadline,
 //! where it is refused.
 
-use crate::clock::Clock;
+use crate::clock::{Clock, SystemClock};
 use crate::layout::{self, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS};
 use crate::refusals::{Refusal, Refusals};
-use crate::trusted_clock::TrustedOffset;
+use crate::trusted_clock::{TrustedClock, TrustedOffset};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -397,6 +397,15 @@ impl IssuingState {
     /// The counts of refused calls and the episode under way.
     pub fn refusals(&self) -> &Refusals {
         &self.refusals
+    }
+
+    /// The clocks ids are issued by: the system's wall clock as the lease worker trusts it, and
+    /// its monotonic clock.
+    pub fn issuing_clock(&self) -> TrustedClock<'_, SystemClock> {
+        TrustedClock {
+            clock: &SystemClock,
+            offset: &self.trusted_offset,
+        }
     }
 
     /// The offset between the wall clock and the monotonic clock that the lease worker trusts.
