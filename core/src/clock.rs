@@ -10,6 +10,10 @@ pub trait Clock {
     /// the same in every process of the machine (CLOCK_BOOTTIME): it bounds waits, times the lease
     /// and tells a step of the wall clock from time passing.
     fn monotonic_ns(&self) -> u64;
+    /// Both, the wall clock read first: what one attempt to issue reads.
+    fn readings(&self) -> (i64, u64) {
+        (self.unix_millis(), self.monotonic_ns())
+    }
 }
 
 /// The server's clocks.

@@ -72,9 +72,17 @@ impl TrustedOffset {
         let wall = clock.unix_millis();
         match self.offset_ms.load(Ordering::Acquire) {
             0 => wall,
+            _ => self.bound(wall, clock.monotonic_ns()),
+        }
+    }
+
+    /// `unix_millis` on readings taken already, the wall clock's (`wall_ms`) first.
+    pub fn bound(&self, wall_ms: i64, monotonic_ns: u64) -> i64 {
+        match self.offset_ms.load(Ordering::Acquire) {
+            0 => wall_ms,
             offset => {
                 let max_forward_ms = self.max_forward_ms.load(Ordering::Acquire) as i64;
-                wall.min(monotonic_ms(clock) + offset + max_forward_ms)
+                wall_ms.min((monotonic_ns / 1_000_000) as i64 + offset + max_forward_ms)
             }
         }
     }
@@ -195,6 +203,13 @@ impl<C: Clock> Clock for TrustedClock<'_, C> {
 
     fn monotonic_ns(&self) -> u64 {
         self.clock.monotonic_ns()
+    }
+
+    /// One reading of each clock serves both the time to issue at and the lease's deadline.
+    fn readings(&self) -> (i64, u64) {
+        let wall = self.clock.unix_millis();
+        let monotonic_ns = self.clock.monotonic_ns();
+        (self.offset.bound(wall, monotonic_ns), monotonic_ns)
     }
 }
 
