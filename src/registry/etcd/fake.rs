@@ -7,7 +7,7 @@ use super::gateway::{decode, encode};
 use serde_json::{json, Value};
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
@@ -142,32 +142,14 @@ impl FakeEtcd {
         let mut reader = BufReader::new(stream.try_clone().unwrap());
         let mut writer = stream;
         for nth in 1.. {
-            let mut request_line = String::new();
-            if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+            let Some((request_line, body)) = read_request(&mut reader) else {
                 return;
-            }
+            };
             let path = request_line
                 .split_whitespace()
                 .nth(1)
                 .unwrap_or_default()
                 .to_string();
-            let mut length = 0;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    return;
-                }
-                if let Some((name, value)) = line.split_once(':') {
-                    if name.eq_ignore_ascii_case("content-length") {
-                        length = value.trim().parse().unwrap();
-                    }
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
             let text = String::from_utf8_lossy(&body).into_owned();
             let body: Value = serde_json::from_slice(&body).unwrap();
             let matches = |(p, holding): (&String, &String)| *p == path && text.contains(holding);
@@ -383,4 +365,31 @@ impl State {
         }
         Ok(json!({"succeeded": true, "responses": responses}))
     }
+}
+
+/// One HTTP/1.1 request from a kept connection: its request line and its body; `None` once the
+/// client closed the connection.
+pub fn read_request(reader: &mut impl BufRead) -> Option<(String, Vec<u8>)> {
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap();
+            }
+        }
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((request_line, body))
 }

@@ -606,7 +606,7 @@ mod tests {
     fn keep_alive_member(
         answers: fn(usize) -> bool,
     ) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-        use std::io::{BufRead, BufReader, Read, Write};
+        use std::io::{BufReader, Read, Write};
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -622,24 +622,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().unwrap());
                     let mut writer = stream;
-                    loop {
-                        let mut length = 0;
-                        loop {
-                            let mut line = String::new();
-                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                                return;
-                            }
-                            if let Some((name, value)) = line.split_once(':') {
-                                if name.eq_ignore_ascii_case("content-length") {
-                                    length = value.trim().parse().unwrap();
-                                }
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                        }
-                        let mut body = vec![0; length];
-                        reader.read_exact(&mut body).unwrap();
+                    while super::super::fake::read_request(&mut reader).is_some() {
                         let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
                         if !answers(n) {
                             // Until the client closes the connection.
