@@ -1,25 +1,38 @@
 #!/usr/bin/env bash
-# benches/compare.sh BASE [--rounds N] [--ids N] [--modes LIST]: what one id costs with snowid as
-# built from git revision BASE and as checked out now, beside nextval() and gen_random_uuid(), in
-# one run on the major that PG_MAJOR picks (release builds). The two builds are installed in turn,
-# BASE first, for --rounds rounds (default 5), each on a fresh server; each round times --ids rows
-# (default 2,000,000) of every expression. --modes adds the registry modes, whose rounds time
-# snowid_next() alone, each on a fresh server: lease-table (a fixed worker id, the lease table on
-# the server; always measured), shared-registry (a fixed worker id, another server of this machine
-# as the registry, over its unix socket), any-worker-id (snowid.any_worker_id on that registry) and
-# etcd (a fixed worker id, one etcd member on loopback). Writes benches/results/pgMAJOR/compare.md
-# (or compare-modes.md with --modes) and prints it; leaves the checkout's build installed.
+# benches/compare.sh BASE [--rounds N] [--ids N] [--modes LIST | --sessions [--seconds N]]: what one
+# id costs with snowid as built from git revision BASE and as checked out now, beside nextval() and
+# gen_random_uuid(), in one run on the major that PG_MAJOR picks (release builds). The two builds are
+# installed in turn, BASE first, for --rounds rounds (default 5), each on a fresh server; each round
+# times --ids rows (default 2,000,000) of every expression. --modes adds the registry modes, whose
+# rounds time snowid_next() alone, each on a fresh server: lease-table (a fixed worker id, the lease
+# table on the server; always measured), shared-registry (a fixed worker id, another server of this
+# machine as the registry, over its unix socket), any-worker-id (snowid.any_worker_id on that
+# registry) and etcd (a fixed worker id, one etcd member on loopback). --sessions measures, in the
+# same rounds instead of the cost per id, the ids per second of every expression with 1, 2 and 4
+# concurrent sessions (pgbench, --seconds per figure, default 4). Writes
+# benches/results/pgMAJOR/compare.md (compare-modes.md with --modes, compare-sessions.md with
+# --sessions) and prints it; leaves the checkout's build installed.
 set -euo pipefail
-usage="usage: benches/compare.sh BASE [--rounds N] [--ids N] [--modes LIST]
-  --modes: a comma-separated list of shared-registry, any-worker-id, etcd"
+usage="usage: benches/compare.sh BASE [--rounds N] [--ids N] [--modes LIST | --sessions [--seconds N]]
+  --modes: a comma-separated list of shared-registry, any-worker-id, etcd
+  --sessions: ids per second with 1, 2 and 4 sessions, by pgbench, --seconds per figure (default 4)"
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 [ $# -ge 1 ] || usage_error "$usage" "BASE is missing"
 base_rev=$1
 shift
-rounds=5 ids=2000000 modes=
-read_options "$usage" --rounds=rounds --ids=ids --modes=modes -- "$@"
-[[ $rounds =~ ^[1-9][0-9]*$ ]] || usage_error "$usage" "--rounds $rounds is not a positive number"
-[[ $ids =~ ^[1-9][0-9]*$ ]] || usage_error "$usage" "--ids $ids is not a positive number"
+# --sessions is the one option without a value, which read_options does not know.
+sessions= options=()
+for option in "$@"; do
+    if [ "$option" = --sessions ]; then sessions=1; else options+=("$option"); fi
+done
+rounds=5 ids=2000000 modes= seconds=
+read_options "$usage" --rounds=rounds --ids=ids --modes=modes --seconds=seconds -- "${options[@]}"
+[ -z "$seconds" ] || [ -n "$sessions" ] || usage_error "$usage" "--seconds goes with --sessions"
+seconds=${seconds:-4}
+[ -z "$sessions" ] || [ -z "$modes" ] || usage_error "$usage" "--sessions and --modes are separate runs"
+for option in rounds ids seconds; do
+    [[ ${!option} =~ ^[1-9][0-9]*$ ]] || usage_error "$usage" "--$option ${!option} is not a positive number"
+done
 for mode in ${modes//,/ }; do
     case $mode in
     shared-registry | any-worker-id | etcd) ;;
@@ -93,7 +106,9 @@ for round in $(seq "$rounds"); do
             mapfile -t settings < <(mode_settings "$mode")
             start_cluster "$dir" "$port" "shared_preload_libraries = 'snowid'" "${settings[@]}" ||
                 { tail -n 3 "$dir/server.log" >&2; exit 1; }
-            "${compare[@]}" measure --build "${!label}" --mode "$mode" --round "$round" --ids "$ids" \
+            measure=(measure --mode "$mode" --ids "$ids")
+            [ -z "$sessions" ] || measure=(sessions --seconds "$seconds")
+            "${compare[@]}" "${measure[@]}" --build "${!label}" --round "$round" \
                 --psql "$("$PG_CONFIG" --bindir)/psql" --port "$port" >>"$work/samples.jsonl"
             stop_cluster "$dir"
         done
@@ -101,4 +116,5 @@ for round in $(seq "$rounds"); do
 done
 out=compare.md
 [ -z "$modes" ] || out=compare-modes.md
+[ -z "$sessions" ] || out=compare-sessions.md
 "${compare[@]}" report --ids "$ids" --out "$REPO/benches/results/pg$PG_MAJOR/$out" "$work/samples.jsonl"

@@ -7,7 +7,7 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Defect {
-    /// etcd before 0.10.0: a claim by a holder's word where its keys are gone was granted without
+    /// etcd in 0.9.0: a claim by a holder's word where its keys are gone was granted without
     /// comparing the mark with the marks that run knows of.
     WordWithoutMark = 1,
     /// 0.8.0: a renewal whose first answer was lost applied no floor.

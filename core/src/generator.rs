@@ -431,6 +431,9 @@ impl IssuingState {
     /// go into the word in one swap, before the new gate is stored: a caller that read the old gate
     /// either claimed before that swap, under the grant then in force, or fails its own.
     pub fn open_gate(&self, grant: &Grant) {
+        if self.in_force(grant) {
+            return;
+        }
         let worker_id_plus_one = u64::from(grant.worker_id) + 1;
         let previous = self
             .grants
@@ -483,6 +486,22 @@ impl IssuingState {
             worker_id: grant.worker_id,
         };
         self.gate.store(gate.pack(), Ordering::SeqCst);
+    }
+
+    /// Whether `grant`, with no floor to apply, is the grant in force already, its change
+    /// complete: opening the gate again would let through exactly what it lets through, and only
+    /// move the generation on (its 2,048 values wrap, so it moves only on a change). Called by the
+    /// lease worker, the one writer of the gate.
+    fn in_force(&self, grant: &Grant) -> bool {
+        let gate = Gate::unpack(self.gate.load(Ordering::SeqCst));
+        grant.floor_ms.is_none()
+            && self.grants.worker_id_plus_one.load(Ordering::SeqCst)
+                == u64::from(grant.worker_id) + 1
+            && gate.generation == word_generation(self.last_stamp.load(Ordering::SeqCst))
+            && gate.worker_id == grant.worker_id
+            && gate.reserved_until_ms == grant.reserved_until_ms.min(MAX_MILLIS + 1)
+            && self.gate_deadline_ns.load(Ordering::SeqCst) == grant.deadline_ns
+            && self.gate_moves_up_to_ms.load(Ordering::SeqCst) == grant.moves_up_to_ms
     }
 
     /// Stops issuing and returns the smallest millisecond above every id issued. The generation
@@ -1118,8 +1137,12 @@ mod tests {
     #[test]
     fn the_generation_wraps_and_still_fences() {
         let (state, clock, waiter) = issued_one_at_t();
-        for _ in 0..GENERATION_MASK {
-            state.open_gate(&OPEN);
+        // Each a change of the grant (its deadline), as renewals make them.
+        for change in 0..GENERATION_MASK {
+            state.open_gate(&Grant {
+                deadline_ns: OPEN.deadline_ns - (change + 1) % 2,
+                ..OPEN
+            });
         }
         assert_eq!(word_generation(state.last_stamp.load(Ordering::SeqCst)), 0);
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
@@ -1411,6 +1434,41 @@ mod tests {
         assert_eq!(with_no_tolerance(), Ok(stamp(T, 0)));
         clock.then(&[T - 1]);
         assert_eq!(with_no_tolerance(), Err(Refusal::ClockBehind { by_ms: 1 }));
+    }
+
+    #[test]
+    fn the_gate_moves_its_generation_on_only_when_the_grant_changes() {
+        let state = leased();
+        let generation = || word_generation(state.last_stamp.load(Ordering::SeqCst));
+        let opened = generation();
+        // The lease worker opens it again with the same grant every quarter second.
+        state.open_gate(&OPEN);
+        state.open_gate(&OPEN);
+        assert_eq!(generation(), opened);
+        // A renewal's deadline, a ceiling moved on, a floor: each a change.
+        let renewed = Grant {
+            deadline_ns: OPEN.deadline_ns - 1,
+            ..OPEN
+        };
+        state.open_gate(&renewed);
+        assert_eq!(generation(), opened + 1);
+        state.open_gate(&Grant {
+            reserved_until_ms: OPEN.reserved_until_ms - 1,
+            ..renewed
+        });
+        assert_eq!(generation(), opened + 2);
+        let with_floor = Grant {
+            floor_ms: Some(T),
+            ..renewed
+        };
+        state.open_gate(&with_floor);
+        state.open_gate(&with_floor);
+        assert_eq!(generation(), opened + 4);
+        // Closed and opened again as it was: a change too.
+        state.close_gate(&SystemClock);
+        let closed = generation();
+        state.open_gate(&renewed);
+        assert_eq!(generation(), closed + 1);
     }
 
     #[test]
