@@ -405,6 +405,7 @@ impl LeaseWorker {
             .map(|(held, tenure)| Held {
                 worker_id: held.worker_id,
                 tenure,
+                mark_ms: held.reserved_until_ms,
             });
         let answer = self.registry.claim(&ClaimRequest {
             me: &self.me,

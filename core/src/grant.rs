@@ -63,9 +63,10 @@ pub struct Claim<'a> {
     pub place: Place,
     /// The claiming server's WAL timeline.
     pub timeline: u64,
-    /// The claimant says it holds this worker id's lease and issues under it: a registry that may
-    /// have lost the row takes its word, unless the mark shows somebody was granted it since.
-    pub by_word: bool,
+    /// The claimant says it holds this worker id's lease and issues under it (its *word*), with
+    /// the mark its grant in force was answered: a registry that may have lost the row takes its
+    /// word, unless the mark lies above that one, which shows that a grant was made since.
+    pub held_mark_ms: Option<u64>,
     /// The highest mark this run of the claimant knows of (every reservation it sent, every mark
     /// it was answered), when it applied a grant of this worker id.
     pub known_mark_ms: Option<u64>,
@@ -129,12 +130,19 @@ pub fn decide(row: &Row, claim: &Claim, settling: bool) -> Decision {
             return Decision::HeldByOther { released: true };
         }
     }
-    // This run claims by its word (its row or keys may be gone): the same proof.
-    if claim.by_word && mark_moved_on && !defects::on(Defect::WordWithoutMark) {
+    // This run claims by its word (its row or keys may be gone). Its known mark counts claims the
+    // registry may never have heard, so only the mark it was answered shows that nobody was
+    // granted the worker id since; above it, somebody was (perhaps this run, by a claim whose
+    // answer was lost: then it waits for its own lease, as any new run would).
+    let by_word = claim.held_mark_ms.is_some();
+    let granted_since = claim
+        .held_mark_ms
+        .is_some_and(|answered| row.mark_ms > answered);
+    if by_word && granted_since && !defects::on(Defect::WordWithoutMark) {
         return Decision::Fenced;
     }
     let runs_here = own_run && row.holder.is_some_and(|h| h.live);
-    if settling && !runs_here && !claim.by_word {
+    if settling && !runs_here && !by_word {
         return Decision::Unsettled;
     }
     let continued = row
@@ -185,7 +193,7 @@ mod tests {
             incarnation: "run2",
             place,
             timeline: 1,
-            by_word: false,
+            held_mark_ms: None,
             known_mark_ms: Some(130_000),
             same_role: true,
         }
@@ -246,9 +254,9 @@ mod tests {
 
     #[test]
     fn a_holders_word_is_not_taken_where_the_mark_shows_somebody_was_granted_since() {
-        // Its keys or row gone: its word counts while the mark is one it knows of.
+        // Its keys or row gone: its word counts while the mark is the one it was answered.
         let by_word = Claim {
-            by_word: true,
+            held_mark_ms: Some(130_000),
             ..claim(Place::Shared)
         };
         assert_eq!(
@@ -262,6 +270,16 @@ mod tests {
         );
         assert_eq!(
             decide(&row(None, 170_000), &by_word, true),
+            Decision::Fenced
+        );
+        // It knows of marks up to 180 s (claims the registry never heard, while it was cut off),
+        // but was answered 130 s: the 170 s another server's grant wrote still fences it.
+        let cut_off = Claim {
+            known_mark_ms: Some(180_000),
+            ..by_word
+        };
+        assert_eq!(
+            decide(&row(None, 170_000), &cut_off, false),
             Decision::Fenced
         );
         // Without its word, a new claim starts above that mark.

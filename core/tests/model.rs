@@ -64,6 +64,8 @@ struct Sent {
     at: u32,
     reserve_until: u64,
     held_tenure: Option<i64>,
+    /// The mark the grant it holds was answered, when it claims by its word.
+    held_mark: Option<u64>,
     known_mark: Option<u64>,
     read: Option<EtcdState>,
 }
@@ -176,6 +178,8 @@ enum Action {
     Claim(usize, bool),
     /// etcd: the lease calls and the compare-and-swap of the keys, on what the claim read.
     Write(usize, bool),
+    /// A claim sent that the registry never hears (the server cut off from it).
+    Unheard(usize),
     Crash(usize),
     StepClock(usize, i8),
     /// An operator frees the worker id: `snowid_handover`, or etcd's lease revoked.
@@ -216,15 +220,16 @@ impl Protocol {
         let known_mark = server.applied_tenure.map(|_| server.known_mark);
         server.known_mark = server.known_mark.max(reserve_until);
         // Only a lease that still runs: one that ran out may be another server's by now.
-        let held_tenure = server
+        let held = server
             .lease
             .as_ref()
             .filter(|lease| lease.deadline > now)
-            .and(server.applied_tenure);
+            .zip(server.applied_tenure);
         Sent {
             at: now,
             reserve_until,
-            held_tenure,
+            held_tenure: held.map(|(_, tenure)| tenure),
+            held_mark: held.map(|(lease, _)| lease.reserved_until),
             known_mark,
             read: None,
         }
@@ -236,7 +241,7 @@ impl Protocol {
             incarnation,
             place: Place::Shared,
             timeline: 1,
-            by_word: sent.held_tenure.is_some(),
+            held_mark_ms: sent.held_mark,
             known_mark_ms: sent.known_mark,
             same_role: true,
         }
@@ -490,6 +495,9 @@ impl Model for Protocol {
                 _ => {}
             }
             if fault {
+                // A server cut off from the registry sends claims it never hears, as often as the
+                // worker retries: they raise only what the server knows of.
+                actions.push(Action::Unheard(s));
                 actions.push(Action::Crash(s));
                 if server.offset == 0 && !state.mark_lost {
                     actions.push(Action::StepClock(s, -CLOCK_STEP));
@@ -518,6 +526,7 @@ impl Model for Protocol {
             action,
             Action::Claim(_, true)
                 | Action::Write(_, true)
+                | Action::Unheard(_)
                 | Action::Crash(_)
                 | Action::StepClock(..)
                 | Action::Free
@@ -553,6 +562,9 @@ impl Model for Protocol {
                         state.servers[s].sent = Some(sent);
                     }
                 }
+            }
+            Action::Unheard(s) => {
+                Self::send(&mut state, s);
             }
             Action::Write(s, lost) => {
                 let sent = state.servers[s].sent.take()?;
@@ -690,6 +702,11 @@ impl Model for Protocol {
                 if lost { ", and its answer is lost" } else { "" },
                 registry(&after),
                 lease(&after, s)
+            ),
+            Action::Unheard(s) => format!(
+                "server {}'s lease worker claims (reserving below {}), but the registry never hears it",
+                name(s),
+                (last.servers[s].clock(last.now) + i64::from(TTL)).max(0)
             ),
             Action::Crash(s) => format!("server {} crashes and starts again as run {}", name(s), after.servers[s].incarnation),
             Action::StepClock(s, by) => format!("server {}'s clock steps by {by}", name(s)),

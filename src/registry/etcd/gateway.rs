@@ -19,6 +19,9 @@ use curl::multi::Multi;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
+/// The one call that is never sent over a kept connection (see `request`).
+pub const LEASE_GRANT: &str = "/v3/lease/grant";
+
 /// How long one member may take to answer one request, connecting included, at most.
 pub const MEMBER_LIMIT: Duration = Duration::from_secs(2);
 
@@ -199,7 +202,12 @@ impl Gateway {
         let failed =
             |error: curl::Error| Outcome::NextMember(format!("etcd member {name}: {error}"));
         // Taken out, and put back only after a complete answer: a transfer that fails or is
-        // abandoned drops the handles, which closes the connection.
+        // abandoned drops the handles, which closes the connection. A grant goes over a new one:
+        // libcurl sends a request again when a kept connection breaks before its answer, and a
+        // grant applied twice cannot be told from another server's (`keys::LeaseStep`).
+        if path == LEASE_GRANT {
+            self.connections[member] = None;
+        }
         let connection = match self.connections[member].take() {
             Some(connection) => connection,
             None => match self.open() {

@@ -44,6 +44,8 @@ impl<'a> Request<'a> {
 pub struct Held {
     pub worker_id: u16,
     pub tenure: i64,
+    /// The mark the grant it applied was answered.
+    pub mark_ms: u64,
 }
 
 /// The etcd lease ID of `worker_id` under `prefix`: the prefix's hash above the worker id's ten
@@ -174,7 +176,10 @@ pub fn plan(snapshot: &KeysRead, worker_id: u16, request: &Request) -> Result<Pl
         incarnation: request.incarnation,
         place: Place::Shared,
         timeline: 0,
-        by_word: request.held.is_some_and(|held| held.worker_id == worker_id),
+        held_mark_ms: request
+            .held
+            .filter(|held| held.worker_id == worker_id)
+            .map(|held| held.mark_ms),
         known_mark_ms: request.known_mark_ms,
         same_role: true,
     };
@@ -202,15 +207,16 @@ pub fn plan(snapshot: &KeysRead, worker_id: u16, request: &Request) -> Result<Pl
 /// the lease of another server: no record says who granted a lease, and another server's that runs
 /// with its keys gone (deleted, or written back without it) has just been kept alive for its whole
 /// time to live as often as one of ours has just been granted. Taking that one would let two
-/// servers issue under the worker id at once. So the question is asked before the grant: a lease
-/// that runs then is never taken by a server that does not hold it, and one that does not run
-/// then holds no server's keys.
+/// servers issue under the worker id at once. So the question is asked before the grant, a lease
+/// that runs then is never taken by a server that does not hold it, and a grant is never sent over
+/// a kept connection (`gateway::LEASE_GRANT`), which libcurl would send again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseStep {
     /// No etcd lease runs: grant it. An answer that it exists then means that it was granted
-    /// since, by this very grant sent twice or by another server taking the free worker id at the
-    /// same moment: under it nobody issues yet, and nobody does until their keys are written. The
-    /// take keeps it alive and lets the transaction that writes the keys decide who holds them.
+    /// since: by another server taking the free worker id at the same moment, or by this grant,
+    /// applied by a member that did not answer and sent again to the next. Nothing tells which,
+    /// and keys deleted meanwhile would let a transaction pass that compares them as absent: the
+    /// take is refused while that lease runs.
     Grant,
     /// The etcd lease runs, and this run holds the worker id: keep it alive and put back the keys.
     KeepHeld(Held),
@@ -459,6 +465,7 @@ mod tests {
             held: Some(Held {
                 worker_id: 5,
                 tenure: 1_795_953_000_000_000,
+                mark_ms: 130_000,
             }),
             ..request()
         };
@@ -558,6 +565,7 @@ mod tests {
         let held = Held {
             worker_id: 5,
             tenure: 1_795_953_000_000_000,
+            mark_ms: 130_000,
         };
         let holding = Request {
             held: Some(held),
