@@ -138,7 +138,9 @@ pub fn decide(row: &Row, claim: &Claim, settling: bool) -> Decision {
     let granted_since = claim
         .held_mark_ms
         .is_some_and(|answered| row.mark_ms > answered);
-    if by_word && granted_since && !defects::on(Defect::WordWithoutMark) {
+    // Not where the row names this run: the row shows it holds, and a mark above the answered
+    // one is its own claim whose answer was lost (step 1 fences a copy of its memory).
+    if by_word && !own_run && granted_since && !defects::on(Defect::WordWithoutMark) {
         return Decision::Fenced;
     }
     let runs_here = own_run && row.holder.is_some_and(|h| h.live);
@@ -281,6 +283,16 @@ mod tests {
         assert_eq!(
             decide(&row(None, 170_000), &cut_off, false),
             Decision::Fenced
+        );
+        // Its own row, whose mark its last claim raised to 140 s with an answer that was lost:
+        // renewed, not fenced.
+        let answer_lost = Claim {
+            known_mark_ms: Some(140_000),
+            ..by_word
+        };
+        assert_eq!(
+            decide(&row(Some((ME, "run2", true)), 140_000), &answer_lost, false),
+            grant(140_000, true, true)
         );
         // Without its word, a new claim starts above that mark.
         assert_eq!(
