@@ -19,8 +19,8 @@
 //! Each worker id has one etcd lease ID of its own (`lease_id`), so that a second holder is refused
 //! while the first one's lease runs, even when the keys are gone: deleted, or written back from an
 //! earlier snapshot (then bound to no lease, and held by nobody). A take asks etcd whether that
-//! lease runs before it grants it (see `LeaseStep`), so that a grant that reaches etcd twice (sent
-//! again by libcurl or to the next member) is not taken for another server's lease. The server
+//! lease runs before it grants it, and sends the grant over a connection of its own, which libcurl
+//! never sends again (see `LeaseStep`). The server
 //! that holds the etcd lease puts its keys back at its next renewal; every other one is refused
 //! until the lease runs out. A release that finds its keys gone once it sent its transaction
 //! revokes the etcd lease all the same (see `ReleaseStep`).
@@ -403,8 +403,8 @@ impl Etcd {
 
     /// Takes `worker_id`'s keys with its etcd lease: granted anew, or, when this run of the server
     /// holds the worker id and its keys are gone, the one it holds, kept alive. Whether the etcd
-    /// lease runs is asked before it is granted, so that a grant that reached etcd twice reads as
-    /// what it is (see `LeaseStep`).
+    /// lease runs is asked before it is granted; one granted since is refused while it runs (see
+    /// `LeaseStep`).
     #[allow(clippy::too_many_arguments)]
     fn take(
         &mut self,
