@@ -235,47 +235,56 @@ impl Protocol {
         }
     }
 
-    fn claim_of<'a>(sent: &Sent, incarnation: &'a str, me: &'a str) -> Claim<'a> {
-        Claim {
-            holder: me,
-            incarnation,
-            place: Place::Shared,
-            timeline: 1,
-            held_mark_ms: sent.held_mark,
-            known_mark_ms: sent.known_mark,
-            same_role: true,
-        }
-    }
-
-    /// The PostgreSQL registry's transaction (`snowid.lease_claim`).
-    fn postgres_claim(&self, state: &mut State, s: usize, sent: &Sent) -> Option<Granted> {
-        let now = state.now;
-        let (me, run) = (
-            state.servers[s].holder.to_string(),
-            state.servers[s].incarnation.to_string(),
-        );
-        let names = state.row.as_ref().and_then(|row| row.holder).map(|(h, i)| {
-            (
-                h.to_string(),
-                i.to_string(),
-                state.row.as_ref().unwrap().expires > now,
-            )
-        });
+    /// The grant rule on the registry's row for the worker id (`holder`: its holder, run and
+    /// whether its lease runs) and a claim `sent` by `server`.
+    fn decide(
+        holder: Option<(u8, u8, bool)>,
+        mark_ms: u64,
+        server: &Server,
+        sent: &Sent,
+        settling: bool,
+    ) -> Decision {
+        let names = holder.map(|(h, i, live)| (h.to_string(), i.to_string(), live));
         let row = Row {
             holder: names.as_ref().map(|(holder, incarnation, live)| RowHolder {
                 holder,
                 incarnation,
                 live: *live,
             }),
-            mark_ms: state.pg_mark,
+            mark_ms,
             released: None,
         };
-        let claim = Self::claim_of(sent, &run, &me);
+        let (me, run) = (server.holder.to_string(), server.incarnation.to_string());
+        let claim = Claim {
+            holder: &me,
+            incarnation: &run,
+            place: Place::Shared,
+            timeline: 1,
+            held_mark_ms: sent.held_mark,
+            known_mark_ms: sent.known_mark,
+            same_role: true,
+        };
+        grant::decide(&row, &claim, settling)
+    }
+
+    /// The PostgreSQL registry's transaction (`snowid.lease_claim`).
+    fn postgres_claim(&self, state: &mut State, s: usize, sent: &Sent) -> Option<Granted> {
+        let now = state.now;
+        let holder = state
+            .row
+            .as_ref()
+            .and_then(|row| row.holder.map(|(h, i)| (h, i, row.expires > now)));
         let Decision::Grant {
             floor_ms,
             continued,
             renewal,
-        } = grant::decide(&row, &claim, now < state.settling_until)
+        } = Self::decide(
+            holder,
+            state.pg_mark,
+            &state.servers[s],
+            sent,
+            now < state.settling_until,
+        )
         else {
             return None;
         };
@@ -306,24 +315,6 @@ impl Protocol {
     fn etcd_write(&self, state: &mut State, s: usize, sent: &Sent) -> Option<Granted> {
         let now = state.now;
         let read = sent.read.as_ref()?;
-        let (me, run) = (
-            state.servers[s].holder.to_string(),
-            state.servers[s].incarnation.to_string(),
-        );
-        let names = read
-            .keys
-            .as_ref()
-            .map(|k| (k.holder.to_string(), k.incarnation.to_string(), k.bound));
-        let row = Row {
-            holder: names.as_ref().map(|(holder, incarnation, live)| RowHolder {
-                holder,
-                incarnation,
-                live: *live,
-            }),
-            mark_ms: read.mark,
-            released: None,
-        };
-        let claim = Self::claim_of(sent, &run, &me);
         let own_run_live = read.keys.as_ref().is_some_and(|k| {
             k.bound
                 && k.holder == state.servers[s].holder
@@ -333,7 +324,15 @@ impl Protocol {
             floor_ms,
             continued,
             ..
-        } = grant::decide(&row, &claim, false)
+        } = Self::decide(
+            read.keys
+                .as_ref()
+                .map(|k| (k.holder, k.incarnation, k.bound)),
+            read.mark,
+            &state.servers[s],
+            sent,
+            false,
+        )
         else {
             return None;
         };
