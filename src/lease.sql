@@ -35,6 +35,23 @@ GRANT SELECT ON snowid.worker_lease TO PUBLIC;
 -- pg_dump keeps the rows, so that a restored registry keeps every high-water mark.
 SELECT pg_catalog.pg_extension_config_dump('snowid.worker_lease', '');
 
+-- The grant rule, from snowid's library (snowid_core::grant, docs/protocol.md): the lease functions
+-- below lock a row, call these with it, and write what they answer.
+CREATE FUNCTION snowid.grant_decide(
+    lease snowid.worker_lease, holder text, incarnation text, takeover_on_expiry boolean,
+    timeline bigint, holding boolean, known_mark_ms bigint, same_role boolean, settling boolean,
+    reserve_until_ms bigint, ttl_ms bigint, claimed_at timestamptz)
+RETURNS TABLE (decision text, floor_ms bigint, mark_ms bigint, continued boolean, renewal boolean)
+LANGUAGE c IMMUTABLE STRICT
+AS 'MODULE_PATHNAME', 'grant_decide_wrapper';
+
+CREATE FUNCTION snowid.grant_release(
+    lease snowid.worker_lease, holder text, incarnation text, known_mark_ms bigint,
+    high_water_ms bigint)
+RETURNS bigint
+LANGUAGE c IMMUTABLE STRICT
+AS 'MODULE_PATHNAME', 'grant_release_wrapper';
+
 CREATE FUNCTION snowid.lease_guard() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -235,14 +252,14 @@ DECLARE
     locked boolean := false;
     trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
     settles_at timestamptz;
+    same_role boolean;
+    decision record;
 BEGIN
     fenced := false;
     IF p_ttl_ms NOT BETWEEN 1000 AND 3600000 THEN
         RAISE EXCEPTION 'a lease''s time-to-live must be between 1000 and 3600000 ms, not %', p_ttl_ms
             USING ERRCODE = '22023';
     END IF;
-    p_reserve_until_ms := least(p_reserve_until_ms,
-        (extract(epoch FROM claimed_at) * 1000)::bigint - 1767225600000 + p_ttl_ms + 3600000);
     -- The row first: a rewrite of the table (TRUNCATE) then waits for this claim to end, and
     -- comes after the epoch it reads.
     INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
@@ -266,66 +283,50 @@ BEGIN
                 p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
                 USING ERRCODE = '42501';
         END IF;
-        -- The row names this very run with a mark above every one it knows of, whether its lease
-        -- runs or not: another copy of its memory claimed since. Nothing changes, the epoch
-        -- included.
-        IF p_known_mark_ms >= 0 AND lease.holder = p_holder AND lease.incarnation = p_incarnation
-           AND lease.high_water_ms > p_known_mark_ms THEN
-            granted := false;
-            fenced := true;
-            holder_name := coalesce(lease.holder_name, lease.holder);
-            expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
-            released := false;
-            RETURN;
-        END IF;
-        IF p_takeover_on_expiry AND NOT locked THEN
+        -- The grant rule (snowid_core::grant::decide), first as if the registry were settled: a
+        -- fenced claim changes nothing, the epoch included.
+        same_role := coalesce(trusted OR lease.holder_role = session_user, false);
+        SELECT * INTO decision FROM snowid.grant_decide(lease, p_holder, p_incarnation,
+            p_takeover_on_expiry, p_timeline, p_holding, p_known_mark_ms, same_role, false,
+            p_reserve_until_ms, p_ttl_ms, claimed_at);
+        IF decision.decision <> 'fenced' AND p_takeover_on_expiry AND NOT locked THEN
             settles_at := snowid.registry_settles_at(p_ttl_ms, claimed_at, p_holding AND NOT EXISTS (
                 SELECT FROM snowid.worker_lease l
                  WHERE l.worker_id = p_worker_id AND l.holder = p_holder
                    AND l.incarnation = p_incarnation AND l.expires_at > claimed_at));
         END IF;
-        released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
-        IF (lease.holder IS NOT NULL AND lease.holder <> p_holder
-            AND (NOT p_takeover_on_expiry OR lease.expires_at > claimed_at))
-           -- On a shared registry, another run of this holder whose lease runs: an earlier run
-           -- not yet run out, or a copy of this server (a cloned machine) that renews it.
-           OR (p_takeover_on_expiry AND lease.holder = p_holder
-               AND lease.incarnation IS DISTINCT FROM p_incarnation AND lease.expires_at > claimed_at)
-           OR (released AND NOT p_takeover_on_expiry AND lease.released_by <> p_holder
-               AND split_part(lease.released_by, '-', 1) = split_part(p_holder, '-', 1)
-               AND lease.released_timeline >= p_timeline) THEN
-            granted := false;
-            holder_name := coalesce(lease.holder_name, lease.holder, lease.released_by);
-            expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
-            RETURN;
+        IF decision.decision = 'granted' AND settles_at > claimed_at THEN
+            SELECT * INTO decision FROM snowid.grant_decide(lease, p_holder, p_incarnation,
+                p_takeover_on_expiry, p_timeline, p_holding, p_known_mark_ms, same_role, true,
+                p_reserve_until_ms, p_ttl_ms, claimed_at);
         END IF;
-        -- A shared registry in a new epoch may have lost the rows of leases that run: it renews a
-        -- lease that runs, by its row or by its holder's word, and grants nothing else before it
-        -- settles, which it says with no holder's name.
-        IF settles_at > claimed_at AND NOT p_holding
-           AND (lease.holder = p_holder AND lease.incarnation = p_incarnation
-                AND lease.expires_at > claimed_at) IS NOT TRUE THEN
+        IF decision.decision <> 'granted' THEN
             granted := false;
-            expires_at_unix_ms := (extract(epoch FROM settles_at) * 1000)::bigint;
-            released := false;
+            fenced := decision.decision = 'fenced';
+            released := decision.decision = 'released';
+            IF decision.decision = 'unsettled' THEN
+                -- Said with no holder's name.
+                expires_at_unix_ms := (extract(epoch FROM settles_at) * 1000)::bigint;
+            ELSE
+                holder_name := coalesce(lease.holder_name, lease.holder, lease.released_by);
+                expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
+            END IF;
             RETURN;
         END IF;
         EXIT WHEN locked;
         locked := true;
     END LOOP;
     granted := true;
-    floor_ms := lease.high_water_ms;
-    -- Another role naming the holder (the row is readable) takes the row over, and cannot release
-    -- it below the mark as it stands.
-    continued := coalesce(lease.holder = p_holder
-                          AND (trusted OR lease.holder_role = session_user), false);
-    renewal := continued AND lease.incarnation IS NOT DISTINCT FROM p_incarnation;
+    released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
+    floor_ms := decision.floor_ms;
+    continued := decision.continued;
+    renewal := decision.renewal;
     UPDATE snowid.worker_lease l
        SET holder = p_holder, incarnation = p_incarnation, holder_name = p_holder_name,
            acquired_at = CASE WHEN renewal THEN l.acquired_at ELSE claimed_at END,
            renewed_at = claimed_at,
            expires_at = claimed_at + p_ttl_ms * interval '1 millisecond',
-           high_water_ms = least(greatest(l.high_water_ms + 1, p_reserve_until_ms), 2199023255552),
+           high_water_ms = decision.mark_ms,
            released_by = NULL, released_timeline = NULL, holder_role = session_user,
            acquired_mark_ms = CASE WHEN continued THEN coalesce(l.acquired_mark_ms, l.high_water_ms)
                                    ELSE l.high_water_ms END
@@ -470,25 +471,33 @@ AS $$
 DECLARE
     trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
     lease snowid.worker_lease;
+    locked boolean := false;
+    mark_ms bigint;
 BEGIN
+    LOOP
+        IF locked THEN
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
+        ELSE
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
+        END IF;
+        IF lease.holder IS NOT NULL AND NOT trusted AND lease.holder_role IS DISTINCT FROM session_user THEN
+            RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
+                p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
+                USING ERRCODE = '42501';
+        END IF;
+        -- The release rule (snowid_core::grant::release).
+        mark_ms := snowid.grant_release(lease, p_holder, p_incarnation, p_known_mark_ms, p_high_water_ms);
+        IF mark_ms IS NULL THEN
+            RETURN NULL;
+        END IF;
+        EXIT WHEN locked;
+        locked := true;
+    END LOOP;
     UPDATE snowid.worker_lease l
-       SET holder = NULL, incarnation = NULL, expires_at = NULL,
-           high_water_ms = greatest(coalesce(l.acquired_mark_ms, l.high_water_ms),
-                                    least(l.high_water_ms, p_high_water_ms)),
+       SET holder = NULL, incarnation = NULL, expires_at = NULL, high_water_ms = mark_ms,
            released_by = p_holder, released_timeline = p_timeline
-     WHERE l.worker_id = p_worker_id AND l.holder = p_holder AND l.incarnation = p_incarnation
-       AND (p_known_mark_ms < 0 OR l.high_water_ms <= p_known_mark_ms)
-       AND (trusted OR l.holder_role = session_user);
-    IF FOUND THEN
-        RETURN true;
-    END IF;
-    SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
-    IF lease.holder IS NOT NULL AND NOT trusted AND lease.holder_role IS DISTINCT FROM session_user THEN
-        RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
-            p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
-            USING ERRCODE = '42501';
-    END IF;
-    RETURN NULL;
+     WHERE l.worker_id = p_worker_id;
+    RETURN true;
 END
 $$;
 
@@ -507,7 +516,9 @@ $$;
 -- Frees a worker id for the next server that claims it, on behalf of a holder that is gone for
 -- good (a crashed primary whose standby was promoted, a server retired without a clean shutdown,
 -- the original of a copy), keeping the high-water mark: the next holder starts above every id
--- issued under the worker id. Returns the freed holder's name, NULL when the row was free.
+-- issued under the worker id. Returns the freed holder's name, NULL when the row was free. In a
+-- database that holds no registry (no lease row, no claim ever, and not snowid.database) it is an
+-- error: the operator is in the wrong database.
 CREATE FUNCTION snowid_handover(worker_id integer) RETURNS text
 LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp
@@ -526,6 +537,14 @@ BEGIN
      WHERE l.worker_id = snowid_handover.worker_id
        AND (l.holder IS NOT NULL OR l.released_by IS NOT NULL)
     RETURNING l.holder_name INTO freed;
+    IF NOT FOUND AND NOT EXISTS (SELECT FROM snowid.worker_lease)
+       AND NOT EXISTS (SELECT FROM snowid.registry_epoch e WHERE e.run <> '' OR e.longest_ttl_ms > 0)
+       AND current_database() IS DISTINCT FROM current_setting('snowid.database', true) THEN
+        RAISE EXCEPTION 'database "%" holds no snowid lease registry: no server has claimed a worker id here',
+            current_database()
+            USING ERRCODE = '55000',
+                  HINT = 'Call snowid_handover() in the database that holds the lease table: the one snowid.database names on a server that leases from itself, or a shared registry''s.';
+    END IF;
     RETURN freed;
 END
 $$;
@@ -540,5 +559,7 @@ REVOKE ALL ON FUNCTION snowid.lease_claim_any(text, text, text, bigint, bigint, 
 REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.lease_release(integer, text, text, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid_handover(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.grant_decide(snowid.worker_lease, text, text, boolean, bigint, boolean, bigint, boolean, boolean, bigint, bigint, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.grant_release(snowid.worker_lease, text, text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid_registry_is_new() FROM PUBLIC;
 REVOKE ALL ON FUNCTION snowid.registry_settles_at(bigint, timestamptz, boolean) FROM PUBLIC;

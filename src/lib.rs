@@ -13,6 +13,7 @@ mod base32;
 mod ceiling;
 mod claimant;
 mod errors;
+mod grant_sql;
 mod gucs;
 mod registry;
 mod server;

@@ -642,6 +642,33 @@ mod tests {
         assert_eq!(row(), before);
     }
 
+    #[pg_test]
+    fn a_holders_word_is_not_taken_where_the_mark_lies_above_every_mark_it_knows_of() {
+        settled_registry();
+        // Its row lost, then the worker id granted to 111-other, whose lease ran out.
+        held_row(951, "111-other", "pg@db2:5432", -1);
+        let mark: i64 = one("SELECT high_water_ms FROM snowid.worker_lease WHERE worker_id = 951");
+        let row = || -> String {
+            one("SELECT concat_ws(' ', holder, high_water_ms, expires_at)
+                   FROM snowid.worker_lease WHERE worker_id = 951")
+        };
+        // 111-old claims by its word, knowing of marks up to `known` ms.
+        let by_word = |known: i64| -> String {
+            one(&format!(
+                "SELECT concat_ws(' ', c.granted::text, c.fenced::text, c.released::text, c.holder_name)
+                   FROM snowid.lease_claim(951, '111-old', 'run', 'pg@db1:5432', 30000,
+                        (extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1767225600000 + 30000,
+                        true, 1, true, {known}) c"
+            ))
+        };
+        // The mark shows a grant it never knew of: fenced, and the row stays as it was.
+        let before = row();
+        assert_eq!(by_word(mark - 1), "false true false pg@db2:5432");
+        assert_eq!(row(), before);
+        // Knowing of that mark, its word is taken.
+        assert_eq!(by_word(mark), "true false false pg@db1:5432");
+    }
+
     /// `snowid.lease_claim` of `worker_id` on a shared registry by `holder`'s run `run`, holding the
     /// lease by its word or not, with a time-to-live of `ttl_ms`: granted, or refused with the
     /// holder named, or with none and the seconds left until the registry settles.

@@ -529,13 +529,16 @@ impl LeaseWorker {
     /// Applies a lease the registry granted: the gate opens above the grant's floor.
     fn granted(&mut self, worker_id: u16, granted: Granted, sent_ns: u64) -> Duration {
         // Only one written on this timeline: not a copy `pg_rewind` brought in.
-        let own_ceiling = self
+        let recorded_here = self
             .recorded
             .as_ref()
-            .filter(|ceiling| {
-                ceiling.worker_id == worker_id && ceiling.timeline == server::timeline()
-            })
-            .map(|ceiling| ceiling.below_ms);
+            .filter(|ceiling| ceiling.timeline == server::timeline());
+        let below_ms_of = |same_worker_id: bool| {
+            recorded_here
+                .filter(|ceiling| (ceiling.worker_id == worker_id) == same_worker_id)
+                .map(|ceiling| ceiling.below_ms)
+        };
+        let own_ceiling = below_ms_of(true);
         let status = shmem::lease_status();
         let floor_ms = lease::floor_of_grant(
             &granted,
@@ -543,6 +546,7 @@ impl LeaseWorker {
                 applied_tenure: status.applied_tenure,
                 carried: status.carried,
                 ceiling_ms: own_ceiling,
+                other_worker_ceiling_ms: below_ms_of(false),
                 shared_registry: !self.registry.is_local(),
             },
         );

@@ -12,6 +12,7 @@
 //!   what its holder says it holds and the mark does not contradict.
 
 use crate::defects::{self, Defect};
+use crate::layout::MAX_MILLIS;
 
 /// How far ahead of the registry's clock a claim may reserve, beyond its time-to-live: a server
 /// whose clock runs far ahead cannot spend the worker id.
@@ -63,16 +64,26 @@ pub struct Claim<'a> {
     pub place: Place,
     /// The claiming server's WAL timeline.
     pub timeline: u64,
-    /// The claimant says it holds this worker id's lease and issues under it (its *word*), with
-    /// the mark its grant in force was answered: a registry that may have lost the row takes its
-    /// word, unless the mark lies above that one, which shows that a grant was made since.
-    pub held_mark_ms: Option<u64>,
+    /// The claimant says it holds this worker id's lease and issues under it (its *word*): a
+    /// registry that may have lost the row takes its word, unless the mark shows that somebody
+    /// was granted the worker id since.
+    pub word: Option<Word>,
     /// The highest mark this run of the claimant knows of (every reservation it sent, every mark
     /// it was answered), when it applied a grant of this worker id.
     pub known_mark_ms: Option<u64>,
     /// Whether the row's holder took it with the claim's role (or the claim's role is trusted):
     /// only then is it the same holder continuing.
     pub same_role: bool,
+}
+
+/// A claimant's word that it holds a worker id's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Word {
+    /// A mark above this one was somebody else's grant since: the mark the grant in force was
+    /// answered (etcd), or the highest this run knows of (the PostgreSQL registry, whose claims
+    /// do not say the answered one: it fences less, never falsely). `None`: the claim does not
+    /// say (snowid 0.8.0).
+    pub mark_ms: Option<u64>,
 }
 
 /// What the registry does about a claim.
@@ -134,9 +145,10 @@ pub fn decide(row: &Row, claim: &Claim, settling: bool) -> Decision {
     // registry may never have heard, so only the mark it was answered shows that nobody was
     // granted the worker id since; above it, somebody was (perhaps this run, by a claim whose
     // answer was lost: then it waits for its own lease, as any new run would).
-    let by_word = claim.held_mark_ms.is_some();
+    let by_word = claim.word.is_some();
     let granted_since = claim
-        .held_mark_ms
+        .word
+        .and_then(|word| word.mark_ms)
         .is_some_and(|answered| row.mark_ms > answered);
     // Not where the row names this run: the row shows it holds, and a mark above the answered
     // one is its own claim whose answer was lost (step 1 fences a copy of its memory).
@@ -172,13 +184,32 @@ pub fn reservation_cap_ms(registry_ms: u64, resolution_ms: u64, ttl_ms: u64) -> 
 /// millisecond above `mark_ms`, so that every grant shows in the mark, even while the clocks are
 /// behind it.
 pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, cap_ms: u64) -> u64 {
-    (mark_ms + 1).max(reserve_until_ms.min(cap_ms))
+    (mark_ms + 1)
+        .max(reserve_until_ms.min(cap_ms))
+        .min(ALL_IDS_MARK_MS)
 }
 
-/// The mark after a clean release by a holder whose ids all lie below `issued_below_ms`: lowered
-/// to them, never below the mark the holder took the row at, never raised.
-pub fn released_mark(mark_ms: u64, acquired_mark_ms: u64, issued_below_ms: u64) -> u64 {
-    acquired_mark_ms.max(mark_ms.min(issued_below_ms))
+/// The mark below which every id of the layout lies.
+const ALL_IDS_MARK_MS: u64 = MAX_MILLIS + 1;
+
+/// A clean release by this run (`holder`, `incarnation`), whose ids all lie below
+/// `issued_below_ms` and which knows of marks up to `known_mark_ms`, of a row whose holder took it
+/// at `acquired_mark_ms`: the mark to write, lowered to the ids issued, never below the mark the
+/// holder took the row at, never raised. `None` when the row is not this run's, or when another
+/// copy of its memory claimed it since (a mark this run never saw): nothing is written.
+pub fn release(
+    row: &Row,
+    acquired_mark_ms: u64,
+    holder: &str,
+    incarnation: &str,
+    known_mark_ms: Option<u64>,
+    issued_below_ms: u64,
+) -> Option<u64> {
+    let own_run = row
+        .holder
+        .is_some_and(|h| h.holder == holder && h.incarnation == incarnation);
+    let claimed_since = known_mark_ms.is_some_and(|known| row.mark_ms > known);
+    (own_run && !claimed_since).then(|| acquired_mark_ms.max(row.mark_ms.min(issued_below_ms)))
 }
 
 #[cfg(test)]
@@ -195,7 +226,7 @@ mod tests {
             incarnation: "run2",
             place,
             timeline: 1,
-            held_mark_ms: None,
+            word: None,
             known_mark_ms: Some(130_000),
             same_role: true,
         }
@@ -258,7 +289,9 @@ mod tests {
     fn a_holders_word_is_not_taken_where_the_mark_shows_somebody_was_granted_since() {
         // Its keys or row gone: its word counts while the mark is the one it was answered.
         let by_word = Claim {
-            held_mark_ms: Some(130_000),
+            word: Some(Word {
+                mark_ms: Some(130_000),
+            }),
             ..claim(Place::Shared)
         };
         assert_eq!(
@@ -401,12 +434,49 @@ mod tests {
         assert_eq!(new_mark(0, 7_300_000, cap), cap);
         assert_eq!(new_mark(200_000, 130_500, cap), 200_001);
         assert_eq!(new_mark(9_000_000, 7_300_000, cap), 9_000_001);
+        // Never above the mark below which every id of the layout lies.
+        assert_eq!(new_mark(MAX_MILLIS + 1, 0, cap), MAX_MILLIS + 1);
     }
 
     #[test]
     fn a_release_lowers_the_mark_to_the_ids_issued_never_below_where_the_holder_took_it() {
-        assert_eq!(released_mark(160_000, 100_000, 130_000), 130_000);
-        assert_eq!(released_mark(160_000, 100_000, 90_000), 100_000);
-        assert_eq!(released_mark(160_000, 100_000, 170_000), 160_000);
+        let own = row(Some((ME, "run2", true)), 160_000);
+        let release_own =
+            |issued_below_ms| release(&own, 100_000, ME, "run2", None, issued_below_ms);
+        assert_eq!(release_own(130_000), Some(130_000));
+        assert_eq!(release_own(90_000), Some(100_000));
+        assert_eq!(release_own(170_000), Some(160_000));
+    }
+
+    #[test]
+    fn a_release_writes_nothing_on_a_row_of_another_run_or_claimed_since_by_a_copy() {
+        let own = row(Some((ME, "run2", true)), 160_000);
+        assert_eq!(release(&own, 100_000, ME, "run1", None, 130_000), None);
+        assert_eq!(release(&own, 100_000, OTHER, "run2", None, 130_000), None);
+        assert_eq!(
+            release(&row(None, 160_000), 100_000, ME, "run2", None, 130_000),
+            None
+        );
+        assert_eq!(
+            release(&own, 100_000, ME, "run2", Some(159_999), 130_000),
+            None
+        );
+        assert_eq!(
+            release(&own, 100_000, ME, "run2", Some(160_000), 130_000),
+            Some(130_000)
+        );
+    }
+
+    #[test]
+    fn a_claim_whose_word_gives_no_mark_is_taken_as_snowid_0_8_0_took_it() {
+        let by_word = Claim {
+            word: Some(Word { mark_ms: None }),
+            known_mark_ms: None,
+            ..claim(Place::Shared)
+        };
+        assert_eq!(
+            decide(&row(None, 170_000), &by_word, true),
+            grant(170_000, false, false)
+        );
     }
 }

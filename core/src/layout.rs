@@ -99,6 +99,14 @@ pub fn postgres_micros_of_unix_millis(unix_ms: i64) -> i64 {
     (unix_ms - POSTGRES_EPOCH_UNIX_MS) * 1000
 }
 
+/// Milliseconds since the snowid epoch at a PostgreSQL timestamp, 0 before it.
+pub fn millis_at_postgres_micros(micros: i64) -> u64 {
+    let unix_ms = micros
+        .div_euclid(1000)
+        .saturating_add(POSTGRES_EPOCH_UNIX_MS);
+    unix_ms.saturating_sub(EPOCH_UNIX_MS).max(0) as u64
+}
+
 /// The smallest id of the millisecond that contains a finite PostgreSQL timestamp.
 pub fn first_id_at_postgres_micros(micros: i64) -> Result<i64, TimestampOutOfRange> {
     let unix_ms = micros.div_euclid(1000).checked_add(POSTGRES_EPOCH_UNIX_MS);
@@ -110,6 +118,15 @@ pub fn first_id_at_postgres_micros(micros: i64) -> Result<i64, TimestampOutOfRan
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_postgres_timestamp_counts_milliseconds_since_the_epoch() {
+        let epoch = postgres_micros_of_millis(0);
+        assert_eq!(millis_at_postgres_micros(epoch), 0);
+        assert_eq!(millis_at_postgres_micros(epoch + 1_999), 1);
+        assert_eq!(millis_at_postgres_micros(epoch - 1), 0);
+        assert_eq!(millis_at_postgres_micros(i64::MIN), 0);
+    }
 
     #[test]
     fn field_limits_pack_into_the_documented_bits() {

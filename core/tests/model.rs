@@ -17,7 +17,7 @@
 
 use snowid_core::defects::{self, Defect};
 use snowid_core::generator::{next, Next};
-use snowid_core::grant::{self, Claim, Decision, Place, Row, RowHolder};
+use snowid_core::grant::{self, Claim, Decision, Place, Row, RowHolder, Word};
 use snowid_core::layout;
 use snowid_core::lease::{floor_of_grant, Granted, OwnPast};
 use stateright::{Checker, HasDiscoveries, Model, Path, Property};
@@ -236,12 +236,13 @@ impl Protocol {
     }
 
     /// The grant rule on the registry's row for the worker id (`holder`: its holder, run and
-    /// whether its lease runs) and a claim `sent` by `server`.
+    /// whether its lease runs) and a claim `sent` by `server` with its `word`.
     fn decide(
         holder: Option<(u8, u8, bool)>,
         mark_ms: u64,
         server: &Server,
         sent: &Sent,
+        word: Option<Word>,
         settling: bool,
     ) -> Decision {
         let names = holder.map(|(h, i, live)| (h.to_string(), i.to_string(), live));
@@ -260,7 +261,7 @@ impl Protocol {
             incarnation: &run,
             place: Place::Shared,
             timeline: 1,
-            held_mark_ms: sent.held_mark,
+            word,
             known_mark_ms: sent.known_mark,
             same_role: true,
         };
@@ -283,6 +284,10 @@ impl Protocol {
             state.pg_mark,
             &state.servers[s],
             sent,
+            // snowid.lease_claim is told the word and the known mark, not the answered one.
+            sent.held_mark.map(|_| Word {
+                mark_ms: sent.known_mark,
+            }),
             now < state.settling_until,
         )
         else {
@@ -331,6 +336,9 @@ impl Protocol {
             read.mark,
             &state.servers[s],
             sent,
+            sent.held_mark.map(|answered| Word {
+                mark_ms: Some(answered),
+            }),
             false,
         )
         else {
@@ -390,6 +398,7 @@ impl Protocol {
                 carried: None,
                 ceiling_ms: Some(server.ceiling).filter(|&ceiling| ceiling > 0),
                 shared_registry: true,
+                other_worker_ceiling_ms: None,
             },
         );
         if let Some(floor) = floor {

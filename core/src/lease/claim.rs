@@ -172,6 +172,10 @@ pub struct OwnPast {
     pub carried: Option<Carried>,
     /// This server's ceiling for the worker id, if it recorded one.
     pub ceiling_ms: Option<u64>,
+    /// This server's ceiling under another worker id, if the last it recorded was for one (a
+    /// restart with `snowid.any_worker_id` that took another worker id, or a changed
+    /// `snowid.worker_id`): its ids there lie below it.
+    pub other_worker_ceiling_ms: Option<u64>,
     /// Whether the registry is shared (another server's, or etcd): its mark covers the ids of every
     /// holder, and this server's ceiling serves only a lease carried on.
     pub shared_registry: bool,
@@ -189,9 +193,18 @@ pub fn carries_on(granted: &Granted, carried: Option<Carried>) -> bool {
             })
 }
 
-/// Where the ids of a grant start, above every id issued before under its worker id; `None` leaves
-/// the generator as it is.
+/// Where the ids of a grant start, above every id issued before under its worker id, and above
+/// every id this server issued under another (so that its ids increase whatever worker id it
+/// holds); `None` leaves the generator as it is.
 pub fn floor_of_grant(granted: &Granted, past: &OwnPast) -> Option<u64> {
+    let floor = floor_under_worker_id(granted, past)?;
+    Some(
+        past.other_worker_ceiling_ms
+            .map_or(floor, |ceiling| floor.max(ceiling)),
+    )
+}
+
+fn floor_under_worker_id(granted: &Granted, past: &OwnPast) -> Option<u64> {
     let &Granted {
         mark_ms,
         continued,
@@ -451,6 +464,7 @@ mod tests {
             carried: Some(Carried { tenure, mark_ms }),
             ceiling_ms: Some(CEILING),
             shared_registry: true,
+            other_worker_ceiling_ms: None,
         };
         // The run before on this boot, whose lease the registry renewed for this run at the mark
         // it last answered that run.
@@ -507,8 +521,51 @@ mod tests {
             carried: None,
             ceiling_ms: Some(MARK + 30_000),
             shared_registry: true,
+            other_worker_ceiling_ms: None,
         };
         assert_eq!(floor_of_grant(&put_back, &issuing), Some(0));
+    }
+
+    #[test]
+    fn a_grant_of_another_worker_id_starts_above_the_ids_this_server_issued_under_the_one_before() {
+        // A restart of the machine with snowid.any_worker_id: the run before's lease on another
+        // worker id still runs, its ceiling 5 minutes above a clock set right since, and the new
+        // worker id's mark below it.
+        const MARK: u64 = 30_000;
+        const EARLIER: u64 = MARK + 300_000;
+        let new_holder = Granted {
+            mark_ms: MARK,
+            reserved_until_ms: MARK + 30_000,
+            expires_at: 9,
+            continued: false,
+            renewal: false,
+            tenure: 8,
+        };
+        for shared_registry in [true, false] {
+            let past = OwnPast {
+                other_worker_ceiling_ms: Some(EARLIER),
+                shared_registry,
+                ..OwnPast::default()
+            };
+            assert_eq!(floor_of_grant(&new_holder, &past), Some(EARLIER));
+            let past_below = OwnPast {
+                other_worker_ceiling_ms: Some(MARK - 1),
+                ..past
+            };
+            assert_eq!(floor_of_grant(&new_holder, &past_below), Some(MARK));
+        }
+        // A renewal of the grant in force changes nothing, whatever was recorded.
+        let renewal = Granted {
+            continued: true,
+            renewal: true,
+            ..new_holder
+        };
+        let applied = OwnPast {
+            applied_tenure: Some(8),
+            other_worker_ceiling_ms: Some(EARLIER),
+            ..OwnPast::default()
+        };
+        assert_eq!(floor_of_grant(&renewal, &applied), None);
     }
 
     #[test]

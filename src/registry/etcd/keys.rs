@@ -4,7 +4,7 @@
 
 use crate::layout::EPOCH_UNIX_MS;
 use serde_json::{json, Value};
-use snowid_core::grant::{self, Claim, Decision, Place, Row, RowHolder};
+use snowid_core::grant::{self, Claim, Decision, Place, Row, RowHolder, Word};
 use std::time::Duration;
 
 pub const WORKER_IDS: u16 = 1024;
@@ -176,10 +176,12 @@ pub fn plan(snapshot: &KeysRead, worker_id: u16, request: &Request) -> Result<Pl
         incarnation: request.incarnation,
         place: Place::Shared,
         timeline: 0,
-        held_mark_ms: request
+        word: request
             .held
             .filter(|held| held.worker_id == worker_id)
-            .map(|held| held.mark_ms),
+            .map(|held| Word {
+                mark_ms: Some(held.mark_ms),
+            }),
         known_mark_ms: request.known_mark_ms,
         same_role: true,
     };
@@ -273,14 +275,25 @@ pub fn release_step(
             false => ReleaseStep::Done,
         });
     };
-    let mark_ms = snapshot.mark_ms()?;
-    // Another copy of this run's memory claimed it since (see `Plan::Fenced`).
-    if known_mark_ms.is_some_and(|known| mark_ms > known) {
-        return Ok(ReleaseStep::Done);
-    }
-    Ok(ReleaseStep::Commit {
-        mark_ms: grant::released_mark(mark_ms, own.acquired_mark_ms, high_water_ms),
-    })
+    let row = Row {
+        holder: Some(RowHolder {
+            holder,
+            incarnation,
+            live: true,
+        }),
+        mark_ms: snapshot.mark_ms()?,
+        released: None,
+    };
+    // None: another copy of this run's memory claimed it since (see `Plan::Fenced`).
+    let released = grant::release(
+        &row,
+        own.acquired_mark_ms,
+        holder,
+        incarnation,
+        known_mark_ms,
+        high_water_ms,
+    );
+    Ok(released.map_or(ReleaseStep::Done, |mark_ms| ReleaseStep::Commit { mark_ms }))
 }
 
 /// The mark after a claim that reserves up to `reserve_until_ms` (see `grant::new_mark`), etcd's

@@ -1434,3 +1434,44 @@ fn a_new_registry_first_grants_a_lease_ttl_after_its_first_claim_unless_said_to_
     // said to be new, the registry settled when the operator said so.
     assert_eq!((waits[0].1, waits[1].1), (9000, 0));
 }
+
+/// Nodes of this version on a registry of snowid 0.9.0, whose lease functions decide in PL/pgSQL:
+/// one with its own worker id, one leasing any. They hold their leases and issue; the registry is
+/// updated to this version under them (`ALTER EXTENSION snowid UPDATE`, its functions then calling
+/// the grant rule in snowid's library), and each renews its lease as the same holder and issues on,
+/// with no call refused and no id twice. A node of 0.9.0 sends the same calls as these (the claim
+/// SQL has not changed since), so the updated registry serves it as it serves them.
+#[test]
+fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() {
+    let registry = Cluster::start("mixed-registry", &[]);
+    let mut admin = registry.connect();
+    admin
+        .batch_execute("CREATE EXTENSION snowid VERSION '0.9.0'; SELECT snowid_registry_is_new()")
+        .unwrap();
+    let conninfo = superuser_conninfo(&registry);
+    let short_lease = ["snowid.lease_ttl = 3"];
+    let fixed = Node::start("mixed-fixed", Some(6), &conninfo, &short_lease);
+    let any = Node::start("mixed-any", None, &conninfo, &short_lease);
+    assert_holds(&fixed, 6);
+    assert_holds(&any, 0);
+    let holders: Vec<Option<String>> = [6, 0].map(|w| lease_row(&mut admin, w).0).into();
+    let (calls, ()) = calls_during(&[&fixed, &any], |_| {
+        await_two_renewals(&mut admin, 6, &holders[0]);
+        admin.batch_execute("ALTER EXTENSION snowid UPDATE").unwrap();
+        let updated: bool = query_value(
+            &mut admin,
+            "SELECT e.extversion = a.default_version FROM pg_extension e \
+               JOIN pg_available_extensions a ON a.name = e.extname WHERE e.extname = 'snowid'",
+        );
+        assert!(updated);
+        await_two_renewals(&mut admin, 6, &holders[0]);
+        await_two_renewals(&mut admin, 0, &holders[1]);
+    });
+    for (node, calls, worker_id) in [(&fixed, &calls[0], 6), (&any, &calls[1], 0)] {
+        let results: Vec<_> = calls.iter().map(|call| call.result.clone()).collect();
+        let ids = increasing_ids(&results, &node.name);
+        assert_eq!(ids.len(), calls.len(), "{}: every call issued", node.name);
+        assert!(ids.iter().all(|&id| worker_of(id) == worker_id), "{}", node.name);
+    }
+    distinct_ids(calls.iter().flatten());
+}

@@ -203,6 +203,22 @@ fn every_database_of_a_server_shares_one_generator() {
     );
     let issued: i64 = query_value(&mut second, "SELECT ids_issued FROM snowid_status()");
     assert_eq!(issued, 1000);
+    // The lease table is the first database's (snowid.database): a handover in the second, which
+    // holds no registry, is an error rather than a NULL that reads as "the row was free".
+    let handover = second.query_one("SELECT snowid_handover(9)", &[]).unwrap_err();
+    assert_eq!(
+        error_text(&handover),
+        "55000: database \"second\" holds no snowid lease registry: no server has claimed a \
+         worker id here HINT: Call snowid_handover() in the database that holds the lease table: \
+         the one snowid.database names on a server that leases from itself, or a shared \
+         registry's."
+    );
+    let holder: String = query_value(
+        &mut first,
+        "SELECT holder_name FROM snowid.worker_lease WHERE worker_id = 9",
+    );
+    let freed: Option<String> = query_value(&mut first, "SELECT snowid_handover(9)");
+    assert_eq!(freed, Some(holder));
 }
 
 #[test]

@@ -50,9 +50,9 @@ fn current() -> String {
 /// the lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
     if server_version_num(client) >= 170000 {
-        35
+        37
     } else {
-        31
+        33
     }
 }
 
@@ -187,6 +187,11 @@ fn updating_from_0_7_0_keeps_every_lease_row_and_mark() {
 #[test]
 fn updating_from_0_8_0_keeps_every_lease_row_and_mark() {
     assert_update_keeps_every_lease_row_and_mark("0.8.0");
+}
+
+#[test]
+fn updating_from_0_9_0_keeps_every_lease_row_and_mark() {
+    assert_update_keeps_every_lease_row_and_mark("0.9.0");
 }
 
 /// From `version`, with a held and a released row beside the server's own: the update gives what a

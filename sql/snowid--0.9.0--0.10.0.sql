@@ -1,0 +1,197 @@
+-- snowid 0.9.0 to 0.10.0: the lease functions call the grant rule in snowid's library
+-- (snowid_core::grant), which the etcd registry and the model checker run too; they keep their names
+-- and arguments, so that nodes of 0.9.0 and earlier claim from an updated registry as before.
+-- snowid_handover() is an error in a database that holds no registry.
+
+CREATE FUNCTION snowid.grant_decide(
+    lease snowid.worker_lease, holder text, incarnation text, takeover_on_expiry boolean,
+    timeline bigint, holding boolean, known_mark_ms bigint, same_role boolean, settling boolean,
+    reserve_until_ms bigint, ttl_ms bigint, claimed_at timestamptz)
+RETURNS TABLE (decision text, floor_ms bigint, mark_ms bigint, continued boolean, renewal boolean)
+LANGUAGE c IMMUTABLE STRICT
+AS 'MODULE_PATHNAME', 'grant_decide_wrapper';
+
+CREATE FUNCTION snowid.grant_release(
+    lease snowid.worker_lease, holder text, incarnation text, known_mark_ms bigint,
+    high_water_ms bigint)
+RETURNS bigint
+LANGUAGE c IMMUTABLE STRICT
+AS 'MODULE_PATHNAME', 'grant_release_wrapper';
+
+CREATE OR REPLACE FUNCTION snowid.lease_claim(
+    p_worker_id integer, p_holder text, p_incarnation text, p_holder_name text,
+    p_ttl_ms bigint, p_reserve_until_ms bigint, p_takeover_on_expiry boolean, p_timeline bigint,
+    p_holding boolean, p_known_mark_ms bigint,
+    OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint, OUT fenced boolean)
+LANGUAGE plpgsql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET snowid_lease.writing = on
+AS $$
+DECLARE
+    lease snowid.worker_lease;
+    claimed_at timestamptz := clock_timestamp();
+    locked boolean := false;
+    trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
+    settles_at timestamptz;
+    same_role boolean;
+    decision record;
+BEGIN
+    fenced := false;
+    IF p_ttl_ms NOT BETWEEN 1000 AND 3600000 THEN
+        RAISE EXCEPTION 'a lease''s time-to-live must be between 1000 and 3600000 ms, not %', p_ttl_ms
+            USING ERRCODE = '22023';
+    END IF;
+    -- The row first: a rewrite of the table (TRUNCATE) then waits for this claim to end, and
+    -- comes after the epoch it reads.
+    INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
+    -- Decided on the row as it stands, then again once locked: a claim that is refused never
+    -- locks the row, so that no role can hold up another's renewals by leaving its transaction open.
+    LOOP
+        IF locked THEN
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
+        ELSE
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
+        END IF;
+        -- The row was deleted since (by hand, which began an epoch): made again, decided afresh.
+        IF NOT FOUND THEN
+            INSERT INTO snowid.worker_lease (worker_id) VALUES (p_worker_id) ON CONFLICT DO NOTHING;
+            locked := false;
+            CONTINUE;
+        END IF;
+        IF lease.holder = p_holder AND lease.expires_at > claimed_at AND NOT trusted
+           AND lease.holder_role IS DISTINCT FROM session_user THEN
+            RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
+                p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
+                USING ERRCODE = '42501';
+        END IF;
+        -- The grant rule (snowid_core::grant::decide), first as if the registry were settled: a
+        -- fenced claim changes nothing, the epoch included.
+        same_role := coalesce(trusted OR lease.holder_role = session_user, false);
+        SELECT * INTO decision FROM snowid.grant_decide(lease, p_holder, p_incarnation,
+            p_takeover_on_expiry, p_timeline, p_holding, p_known_mark_ms, same_role, false,
+            p_reserve_until_ms, p_ttl_ms, claimed_at);
+        IF decision.decision <> 'fenced' AND p_takeover_on_expiry AND NOT locked THEN
+            settles_at := snowid.registry_settles_at(p_ttl_ms, claimed_at, p_holding AND NOT EXISTS (
+                SELECT FROM snowid.worker_lease l
+                 WHERE l.worker_id = p_worker_id AND l.holder = p_holder
+                   AND l.incarnation = p_incarnation AND l.expires_at > claimed_at));
+        END IF;
+        IF decision.decision = 'granted' AND settles_at > claimed_at THEN
+            SELECT * INTO decision FROM snowid.grant_decide(lease, p_holder, p_incarnation,
+                p_takeover_on_expiry, p_timeline, p_holding, p_known_mark_ms, same_role, true,
+                p_reserve_until_ms, p_ttl_ms, claimed_at);
+        END IF;
+        IF decision.decision <> 'granted' THEN
+            granted := false;
+            fenced := decision.decision = 'fenced';
+            released := decision.decision = 'released';
+            IF decision.decision = 'unsettled' THEN
+                -- Said with no holder's name.
+                expires_at_unix_ms := (extract(epoch FROM settles_at) * 1000)::bigint;
+            ELSE
+                holder_name := coalesce(lease.holder_name, lease.holder, lease.released_by);
+                expires_at_unix_ms := (extract(epoch FROM lease.expires_at) * 1000)::bigint;
+            END IF;
+            RETURN;
+        END IF;
+        EXIT WHEN locked;
+        locked := true;
+    END LOOP;
+    granted := true;
+    released := lease.holder IS NULL AND lease.released_by IS NOT NULL;
+    floor_ms := decision.floor_ms;
+    continued := decision.continued;
+    renewal := decision.renewal;
+    UPDATE snowid.worker_lease l
+       SET holder = p_holder, incarnation = p_incarnation, holder_name = p_holder_name,
+           acquired_at = CASE WHEN renewal THEN l.acquired_at ELSE claimed_at END,
+           renewed_at = claimed_at,
+           expires_at = claimed_at + p_ttl_ms * interval '1 millisecond',
+           high_water_ms = decision.mark_ms,
+           released_by = NULL, released_timeline = NULL, holder_role = session_user,
+           acquired_mark_ms = CASE WHEN continued THEN coalesce(l.acquired_mark_ms, l.high_water_ms)
+                                   ELSE l.high_water_ms END
+     WHERE l.worker_id = p_worker_id
+    RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint,
+              (extract(epoch FROM l.acquired_at) * 1000000)::bigint
+         INTO reserved_until_ms, holder_name, expires_at_unix_ms, tenure;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION snowid.lease_release(
+    p_worker_id integer, p_holder text, p_incarnation text, p_high_water_ms bigint,
+    p_timeline bigint, p_known_mark_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET snowid_lease.writing = on
+AS $$
+DECLARE
+    trusted boolean := (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
+    lease snowid.worker_lease;
+    locked boolean := false;
+    mark_ms bigint;
+BEGIN
+    LOOP
+        IF locked THEN
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id FOR UPDATE;
+        ELSE
+            SELECT * INTO lease FROM snowid.worker_lease l WHERE l.worker_id = p_worker_id;
+        END IF;
+        IF lease.holder IS NOT NULL AND NOT trusted AND lease.holder_role IS DISTINCT FROM session_user THEN
+            RAISE EXCEPTION 'permission denied for the lease on worker id %: it is held by %',
+                p_worker_id, coalesce('role "' || lease.holder_role || '"', 'a role snowid 0.2.0 did not record')
+                USING ERRCODE = '42501';
+        END IF;
+        -- The release rule (snowid_core::grant::release).
+        mark_ms := snowid.grant_release(lease, p_holder, p_incarnation, p_known_mark_ms, p_high_water_ms);
+        IF mark_ms IS NULL THEN
+            RETURN NULL;
+        END IF;
+        EXIT WHEN locked;
+        locked := true;
+    END LOOP;
+    UPDATE snowid.worker_lease l
+       SET holder = NULL, incarnation = NULL, expires_at = NULL, high_water_ms = mark_ms,
+           released_by = p_holder, released_timeline = p_timeline
+     WHERE l.worker_id = p_worker_id;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION snowid_handover(worker_id integer) RETURNS text
+LANGUAGE plpgsql STRICT
+SET search_path = pg_catalog, pg_temp
+SET snowid_lease.writing = on
+AS $$
+DECLARE
+    freed text;
+BEGIN
+    IF snowid_handover.worker_id NOT BETWEEN 0 AND 1023 THEN
+        RAISE EXCEPTION 'worker id must be between 0 and 1023, not %', snowid_handover.worker_id
+            USING ERRCODE = '22023';
+    END IF;
+    UPDATE snowid.worker_lease l
+       SET holder = NULL, incarnation = NULL, expires_at = NULL,
+           released_by = NULL, released_timeline = NULL
+     WHERE l.worker_id = snowid_handover.worker_id
+       AND (l.holder IS NOT NULL OR l.released_by IS NOT NULL)
+    RETURNING l.holder_name INTO freed;
+    IF NOT FOUND AND NOT EXISTS (SELECT FROM snowid.worker_lease)
+       AND NOT EXISTS (SELECT FROM snowid.registry_epoch e WHERE e.run <> '' OR e.longest_ttl_ms > 0)
+       AND current_database() IS DISTINCT FROM current_setting('snowid.database', true) THEN
+        RAISE EXCEPTION 'database "%" holds no snowid lease registry: no server has claimed a worker id here',
+            current_database()
+            USING ERRCODE = '55000',
+                  HINT = 'Call snowid_handover() in the database that holds the lease table: the one snowid.database names on a server that leases from itself, or a shared registry''s.';
+    END IF;
+    RETURN freed;
+END
+$$;
+
+REVOKE ALL ON FUNCTION snowid.grant_decide(snowid.worker_lease, text, text, boolean, bigint, boolean, bigint, boolean, boolean, bigint, bigint, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION snowid.grant_release(snowid.worker_lease, text, text, bigint, bigint) FROM PUBLIC;
