@@ -289,7 +289,7 @@ BEGIN
         SELECT * INTO decision FROM snowid.grant_decide(lease, p_holder, p_incarnation,
             p_takeover_on_expiry, p_timeline, p_holding, p_known_mark_ms, same_role, false,
             p_reserve_until_ms, p_ttl_ms, claimed_at);
-        IF decision.decision <> 'fenced' AND p_takeover_on_expiry AND NOT locked THEN
+        IF decision.decision IS DISTINCT FROM 'fenced' AND p_takeover_on_expiry AND NOT locked THEN
             settles_at := snowid.registry_settles_at(p_ttl_ms, claimed_at, p_holding AND NOT EXISTS (
                 SELECT FROM snowid.worker_lease l
                  WHERE l.worker_id = p_worker_id AND l.holder = p_holder
@@ -300,7 +300,7 @@ BEGIN
                 p_takeover_on_expiry, p_timeline, p_holding, p_known_mark_ms, same_role, true,
                 p_reserve_until_ms, p_ttl_ms, claimed_at);
         END IF;
-        IF decision.decision <> 'granted' THEN
+        IF decision.decision IS DISTINCT FROM 'granted' THEN
             granted := false;
             fenced := decision.decision = 'fenced';
             released := decision.decision = 'released';
@@ -517,8 +517,8 @@ $$;
 -- good (a crashed primary whose standby was promoted, a server retired without a clean shutdown,
 -- the original of a copy), keeping the high-water mark: the next holder starts above every id
 -- issued under the worker id. Returns the freed holder's name, NULL when the row was free. In a
--- database that holds no registry (no lease row, no claim ever, and not snowid.database) it is an
--- error: the operator is in the wrong database.
+-- database that holds no registry (no lease row and no claim ever, as on a node whose leases are
+-- in a shared registry) it is an error: the operator is in the wrong database.
 CREATE FUNCTION snowid_handover(worker_id integer) RETURNS text
 LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp
@@ -538,12 +538,11 @@ BEGIN
        AND (l.holder IS NOT NULL OR l.released_by IS NOT NULL)
     RETURNING l.holder_name INTO freed;
     IF NOT FOUND AND NOT EXISTS (SELECT FROM snowid.worker_lease)
-       AND NOT EXISTS (SELECT FROM snowid.registry_epoch e WHERE e.run <> '' OR e.longest_ttl_ms > 0)
-       AND current_database() IS DISTINCT FROM current_setting('snowid.database', true) THEN
+       AND NOT EXISTS (SELECT FROM snowid.registry_epoch e WHERE e.run <> '' OR e.longest_ttl_ms > 0) THEN
         RAISE EXCEPTION 'database "%" holds no snowid lease registry: no server has claimed a worker id here',
             current_database()
             USING ERRCODE = '55000',
-                  HINT = 'Call snowid_handover() in the database that holds the lease table: the one snowid.database names on a server that leases from itself, or a shared registry''s.';
+                  HINT = 'Call snowid_handover() where the lease is: in the database snowid.database names on a server that leases from its own table, in the shared registry''s database, or, with etcd, nowhere (its lease runs out by itself).';
     END IF;
     RETURN freed;
 END

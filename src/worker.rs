@@ -546,7 +546,9 @@ impl LeaseWorker {
                 applied_tenure: status.applied_tenure,
                 carried: status.carried,
                 ceiling_ms: own_ceiling,
-                other_worker_ceiling_ms: below_ms_of(false),
+                // With snowid.any_worker_id only: another worker id chosen by an operator is the
+                // way out of ids issued ahead of the true time (docs/operations.md).
+                other_worker_ceiling_ms: below_ms_of(false).filter(|_| self.configured.is_none()),
                 shared_registry: !self.registry.is_local(),
             },
         );

@@ -172,9 +172,9 @@ pub struct OwnPast {
     pub carried: Option<Carried>,
     /// This server's ceiling for the worker id, if it recorded one.
     pub ceiling_ms: Option<u64>,
-    /// This server's ceiling under another worker id, if the last it recorded was for one (a
-    /// restart with `snowid.any_worker_id` that took another worker id, or a changed
-    /// `snowid.worker_id`): its ids there lie below it.
+    /// This server's ceiling under another worker id, if the last it recorded was for one and the
+    /// worker id is the registry's choice (`snowid.any_worker_id`, a restart that took another):
+    /// its ids there lie below it.
     pub other_worker_ceiling_ms: Option<u64>,
     /// Whether the registry is shared (another server's, or etcd): its mark covers the ids of every
     /// holder, and this server's ceiling serves only a lease carried on.
@@ -194,8 +194,8 @@ pub fn carries_on(granted: &Granted, carried: Option<Carried>) -> bool {
 }
 
 /// Where the ids of a grant start, above every id issued before under its worker id, and above
-/// every id this server issued under another (so that its ids increase whatever worker id it
-/// holds); `None` leaves the generator as it is.
+/// the ids this server issued under another the registry gave it before (so that its ids increase
+/// whichever it is given); `None` leaves the generator as it is.
 pub fn floor_of_grant(granted: &Granted, past: &OwnPast) -> Option<u64> {
     let floor = floor_under_worker_id(granted, past)?;
     Some(

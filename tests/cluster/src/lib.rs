@@ -1841,3 +1841,13 @@ pub fn next_id(client: &mut Client) -> Result<i64, String> {
         .map(|row| row.get(0))
         .map_err(|error| error_text(&error))
 }
+
+/// The error of `snowid_handover()` in `database`, which holds no registry.
+pub fn no_registry_here(database: &str) -> String {
+    format!(
+        "55000: database \"{database}\" holds no snowid lease registry: no server has claimed a \
+         worker id here HINT: Call snowid_handover() where the lease is: in the database \
+         snowid.database names on a server that leases from its own table, in the shared \
+         registry's database, or, with etcd, nowhere (its lease runs out by itself)."
+    )
+}

@@ -35,7 +35,7 @@ use snowid_cluster_tests::ids::{unix_ms, unix_ms_of, worker_of};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, calls_every,
-    calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids, query_pair,
+    calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids, no_registry_here, query_pair,
     query_value, signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call,
     Cluster, Node, WhileDown, NEW_REGISTRY,
 };
@@ -1474,4 +1474,11 @@ fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() 
         assert!(ids.iter().all(|&id| worker_of(id) == worker_id), "{}", node.name);
     }
     distinct_ids(calls.iter().flatten());
+    // On a node, whose leases are in the registry, a handover is an error naming the database.
+    let handover = fixed
+        .cluster
+        .connect()
+        .query_one("SELECT snowid_handover(6)", &[])
+        .unwrap_err();
+    assert_eq!(error_text(&handover), no_registry_here("postgres"));
 }
