@@ -22,7 +22,9 @@
 //! (a directory of the server's own in `/dev/shm`, see [`memory_directory`]), with the lease held
 //! beside it: the next run of the server on this boot carries that lease on (see
 //! [`Ceiling::lease_to_carry_on`]). A restart of the machine empties it, and a copy of the data
-//! directory started elsewhere never has it.
+//! directory started elsewhere never has it. With `snowid.any_worker_id` the data directory's file
+//! keeps, with no lease, the reservation of the last grant for the next boot (see `worker.rs`
+//! `keep_for_the_next_boot`).
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Write};

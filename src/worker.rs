@@ -88,13 +88,21 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     };
     let timing = gucs::lease_timing();
     let me_holder = me.holder.clone();
+    // Only where the registry chooses the worker id (see `keep_for_the_next_boot`).
+    let next_boot_file = (!registry.is_local() && configured.is_none()).then(|| {
+        ceiling::in_data_directory(Path::new(&server::server_identity().data_directory))
+    });
+    let own = |file: &Option<PathBuf>| {
+        file.as_deref()
+            .and_then(Ceiling::read)
+            .filter(|ceiling| ceiling.holder == me.holder)
+    };
     let mut worker = LeaseWorker {
         state,
         timing,
-        recorded: ceiling_file
-            .as_deref()
-            .and_then(Ceiling::read)
-            .filter(|ceiling| ceiling.holder == me.holder),
+        recorded: own(&ceiling_file),
+        kept_for_next_boot: own(&next_boot_file),
+        next_boot_file,
         ceiling_file,
         me,
         registry,
@@ -208,6 +216,12 @@ struct LeaseWorker {
     ceiling_file: Option<PathBuf>,
     /// This server's ceiling as last recorded, by this run or an earlier one.
     recorded: Option<Ceiling>,
+    /// With `snowid.any_worker_id` (a shared registry or etcd), where the data directory keeps, for
+    /// the next boot of the machine, a bound below every id this server issued: the reservation of
+    /// its last grant (see `keep_for_the_next_boot`).
+    next_boot_file: Option<PathBuf>,
+    /// What that file holds of this server's, as read at the start or last written.
+    kept_for_next_boot: Option<Ceiling>,
     configured: Option<u16>,
     /// The worker id to claim: the configured one, or the one last granted; `None` picks any.
     claiming: Option<u16>,
@@ -529,16 +543,22 @@ impl LeaseWorker {
     /// Applies a lease the registry granted: the gate opens above the grant's floor.
     fn granted(&mut self, worker_id: u16, granted: Granted, sent_ns: u64) -> Duration {
         // Only one written on this timeline: not a copy `pg_rewind` brought in.
-        let recorded_here = self
+        let here = |ceiling: &&Ceiling| ceiling.timeline == server::timeline();
+        let own_ceiling = self
             .recorded
             .as_ref()
-            .filter(|ceiling| ceiling.timeline == server::timeline());
-        let below_ms_of = |same_worker_id: bool| {
-            recorded_here
-                .filter(|ceiling| (ceiling.worker_id == worker_id) == same_worker_id)
-                .map(|ceiling| ceiling.below_ms)
-        };
-        let own_ceiling = below_ms_of(true);
+            .filter(here)
+            .filter(|ceiling| ceiling.worker_id == worker_id)
+            .map(|ceiling| ceiling.below_ms);
+        // With snowid.any_worker_id only: another worker id chosen by an operator is the way out
+        // of ids issued ahead of the true time (docs/operations.md).
+        let other_worker_ceiling = [self.recorded.as_ref(), self.kept_for_next_boot.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(here)
+            .filter(|ceiling| ceiling.worker_id != worker_id && self.configured.is_none())
+            .map(|ceiling| ceiling.below_ms)
+            .max();
         let status = shmem::lease_status();
         let floor_ms = lease::floor_of_grant(
             &granted,
@@ -546,9 +566,7 @@ impl LeaseWorker {
                 applied_tenure: status.applied_tenure,
                 carried: status.carried,
                 ceiling_ms: own_ceiling,
-                // With snowid.any_worker_id only: another worker id chosen by an operator is the
-                // way out of ids issued ahead of the true time (docs/operations.md).
-                other_worker_ceiling_ms: below_ms_of(false).filter(|_| self.configured.is_none()),
+                other_worker_ceiling_ms: other_worker_ceiling,
                 shared_registry: !self.registry.is_local(),
             },
         );
@@ -566,6 +584,7 @@ impl LeaseWorker {
         };
         self.claiming = Some(worker_id);
         self.holding = Some(held);
+        self.keep_for_the_next_boot(worker_id, granted.reserved_until_ms);
         // The gate first: a refusal that reads "held" finds it open.
         self.keep_ceiling(floor_ms);
         let name = self.me.name.clone();
@@ -585,6 +604,41 @@ impl LeaseWorker {
             status.last_error = Text::default();
         });
         self.timing.renew_every()
+    }
+
+    /// With `snowid.any_worker_id`, keeps `reserved_until_ms` in the data directory, durably, before
+    /// the gate lets ids through below it: the ceiling in `/dev/shm` is gone after a restart of the
+    /// machine, and a restart that takes another worker id starts above this bound instead (see
+    /// `lease::OwnPast::other_worker_ceiling_ms`), so that the server's ids keep increasing.
+    /// Written once a renewal, when the reservation moves up; never lowered. A file that cannot be
+    /// written costs that only, and is logged.
+    fn keep_for_the_next_boot(&mut self, worker_id: u16, reserved_until_ms: u64) {
+        let Some(path) = &self.next_boot_file else {
+            return;
+        };
+        let timeline = server::timeline();
+        let kept_ms = self
+            .kept_for_next_boot
+            .as_ref()
+            .filter(|kept| kept.timeline == timeline)
+            .map_or(0, |kept| kept.below_ms);
+        if reserved_until_ms <= kept_ms {
+            return;
+        }
+        let kept = Ceiling {
+            holder: self.me.holder.clone(),
+            timeline,
+            worker_id,
+            below_ms: reserved_until_ms,
+            lease: None,
+        };
+        match kept.write(path) {
+            Ok(()) => self.kept_for_next_boot = Some(kept),
+            Err(error) => log!(
+                "snowid lease worker could not keep the reservation for the next boot in {}: {error}",
+                ceiling::FILE_NAME
+            ),
+        }
     }
 
     /// Another copy of this server's memory claimed the lease since this run last did (see

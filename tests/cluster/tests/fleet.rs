@@ -35,7 +35,8 @@ use snowid_cluster_tests::ids::{unix_ms, unix_ms_of, worker_of};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, calls_every,
-    calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids, no_registry_here, query_pair,
+    calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids, new_holder_wait_ms,
+    no_registry_here, query_pair,
     query_value, signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call,
     Cluster, Node, WhileDown, NEW_REGISTRY,
 };
@@ -1481,4 +1482,56 @@ fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() 
         .query_one("SELECT snowid_handover(6)", &[])
         .unwrap_err();
     assert_eq!(error_text(&handover), no_registry_here("postgres"));
+}
+
+/// A node that leases any worker id, restarted after its machine rebooted (`/dev/shm` emptied)
+/// while its lease still runs, with its clock set right after it ran 20 s fast: it takes another
+/// worker id, and its first id there still comes after its last one before the reboot. It refuses
+/// until its clock passes the reservation of its last grant, which its data directory kept for the
+/// next boot; a worker id set by hand skips that wait (see `clock.rs`).
+#[test]
+fn with_any_worker_id_a_reboot_that_takes_another_worker_id_issues_after_the_ids_before_it() {
+    let registry = registry("reboot-any-registry", &[]);
+    let node = Node::start_with_fake_clock(
+        "reboot-any",
+        None,
+        &superuser_conninfo(&registry),
+        &["snowid.lease_ttl = 5"],
+    );
+    let cluster = &node.cluster;
+    assert_holds(&node, 0);
+    // The machine boots with its clock 20 s fast; the lease of the run before still runs.
+    let reboot = |offset: &str| {
+        cluster.stop("immediate");
+        cluster.remove_memory_files();
+        cluster.set_clock_offset(offset);
+        cluster.start_again();
+    };
+    reboot("+20");
+    assert_holds(&node, 1);
+    let mut client = cluster.connect();
+    let before: Vec<i64> = (0..100)
+        .map(|_| query_value(&mut client, "SELECT snowid_next()"))
+        .collect();
+    let last_before = *before.iter().max().unwrap();
+    assert!(before.iter().all(|&id| worker_of(id) == 1));
+    let ahead_ms = unix_ms_of(last_before) - unix_ms();
+    assert!((15_000..=20_000).contains(&ahead_ms), "{ahead_ms}");
+    // Rebooted again with the clock set right, within the lease on worker id 1.
+    drop(client);
+    reboot("+0");
+    let mut client = cluster.connect();
+    wait_for_lease_state(&mut client, "held", Duration::from_secs(15));
+    // Another worker id than 1, whose lease the run before holds: 0 or 2, as that of the first run
+    // ran out or not.
+    let worker_id = status(&mut client).1.unwrap();
+    assert_ne!(worker_id, 1);
+    let started = Instant::now();
+    let calls = calls_until_issuing(&node, started, started + Duration::from_secs(40));
+    let (ids, refusals) = ids_and_refusals(calls);
+    assert!(ids[0] > last_before, "{} <= {last_before}", ids[0]);
+    assert!(ids.iter().all(|&id| worker_of(id) == i64::from(worker_id)));
+    // Refused until the clock passed the reservation kept for this boot: 20 s and up to a lease.
+    let wait_ms = new_holder_wait_ms(&refusals[0], worker_id as u16);
+    assert!((15_000..=26_000).contains(&wait_ms), "{}", refusals[0]);
 }
