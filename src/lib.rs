@@ -2,8 +2,8 @@
 //!
 //! `layout`, `base32`, `clock`, `generator`, `refusals`, `lease`, `hash` and `ceiling` hold the
 //! logic in plain Rust; `shmem` (shared memory and its lock) and `server` (the server's own
-//! functions) are the modules with raw FFI; `gucs`, `errors`, `api`, `claimant`, `signals` and
-//! `worker` are thin pgrx glue. `registry` is where leases live, a file or folder per backend with
+//! functions) are the modules with raw FFI; `gucs`, `errors`, `api`, `grant_sql` (the grant rule
+//! for the registry's SQL), `claimant`, `signals` and `worker` are thin pgrx glue. `registry` is where leases live, a file or folder per backend with
 //! its transport: `local` (SPI), `remote` (its connection string's meaning in plain Rust, and `pq`,
 //! libpq's FFI) and `etcd` (its setting, keys, rules and JSON gateway in plain Rust, through
 //! libcurl's safe bindings).

@@ -552,13 +552,14 @@ impl LeaseWorker {
             .map(|ceiling| ceiling.below_ms);
         // With snowid.any_worker_id only: another worker id chosen by an operator is the way out
         // of ids issued ahead of the true time (docs/operations.md).
-        let other_worker_ceiling = [self.recorded.as_ref(), self.kept_for_next_boot.as_ref()]
-            .into_iter()
-            .flatten()
+        // The ceiling of this boot bounds them more closely than what was kept for the next.
+        let other_worker_ceiling = self
+            .recorded
+            .as_ref()
+            .or(self.kept_for_next_boot.as_ref())
             .filter(here)
             .filter(|ceiling| ceiling.worker_id != worker_id && self.configured.is_none())
-            .map(|ceiling| ceiling.below_ms)
-            .max();
+            .map(|ceiling| ceiling.below_ms);
         let status = shmem::lease_status();
         let floor_ms = lease::floor_of_grant(
             &granted,
@@ -610,26 +611,29 @@ impl LeaseWorker {
     /// the gate lets ids through below it: the ceiling in `/dev/shm` is gone after a restart of the
     /// machine, and a restart that takes another worker id starts above this bound instead (see
     /// `lease::OwnPast::other_worker_ceiling_ms`), so that the server's ids keep increasing.
-    /// Written once a renewal, when the reservation moves up; never lowered. A file that cannot be
-    /// written costs that only, and is logged.
+    /// Written at every grant whose reservation moves it up, and lowered to the ids issued only at
+    /// a clean shutdown (`release`). A file that cannot be written is logged, and ids go on: its
+    /// bound stays behind them (docs/protocol.md, I2).
     fn keep_for_the_next_boot(&mut self, worker_id: u16, reserved_until_ms: u64) {
-        let Some(path) = &self.next_boot_file else {
-            return;
-        };
-        let timeline = server::timeline();
         let kept_ms = self
             .kept_for_next_boot
             .as_ref()
-            .filter(|kept| kept.timeline == timeline)
+            .filter(|kept| kept.timeline == server::timeline())
             .map_or(0, |kept| kept.below_ms);
-        if reserved_until_ms <= kept_ms {
-            return;
+        if reserved_until_ms > kept_ms {
+            self.write_kept_for_the_next_boot(worker_id, reserved_until_ms);
         }
+    }
+
+    fn write_kept_for_the_next_boot(&mut self, worker_id: u16, below_ms: u64) {
+        let Some(path) = &self.next_boot_file else {
+            return;
+        };
         let kept = Ceiling {
             holder: self.me.holder.clone(),
-            timeline,
+            timeline: server::timeline(),
             worker_id,
-            below_ms: reserved_until_ms,
+            below_ms,
             lease: None,
         };
         match kept.write(path) {
@@ -880,6 +884,8 @@ impl LeaseWorker {
         else {
             return;
         };
+        // The gate is closed: the next boot need wait for no more than the ids issued.
+        self.write_kept_for_the_next_boot(worker_id, high_water_ms);
         let status = shmem::lease_status();
         let applied = status.applied_tenure.is_some() && status.worker_id == Some(worker_id);
         let release = Release {

@@ -1,7 +1,9 @@
 //! The grant rule: what a registry decides on a claim of one worker id, from what it holds for that
 //! worker id and what the claim says. It is the rule of docs/protocol.md, once: the etcd registry
 //! reads a worker id's keys, calls `decide`, and writes what it says with a compare-and-swap; the
-//! model checker (`tests/model.rs`) runs it against every interleaving within its bound.
+//! PostgreSQL registry's `snowid.lease_claim` locks the row and calls it through
+//! `snowid.grant_decide` (`src/grant_sql.rs`); the model checker (`tests/model.rs`) runs it against
+//! every interleaving within its bound.
 //!
 //! Why each step holds (docs/protocol.md, "The grant rule"):
 //! - every grant raises the mark strictly (`new_mark`), so a mark above every one a run knows of
