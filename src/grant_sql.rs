@@ -79,8 +79,13 @@ fn grant_decide(
             renewal,
         } => {
             let registry_ms = layout::millis_at_postgres_micros(claimed_at);
-            let cap_ms = grant::reservation_cap_ms(registry_ms, 0, unsigned(ttl_ms));
-            let mark_ms = grant::new_mark(row.mark_ms, unsigned(reserve_until_ms), cap_ms);
+            let mark_ms = grant::new_mark(
+                row.mark_ms,
+                unsigned(reserve_until_ms),
+                registry_ms,
+                0,
+                unsigned(ttl_ms),
+            );
             let (floor_ms, mark_ms) = (signed(floor_ms), signed(mark_ms));
             ("granted", Some(floor_ms), Some(mark_ms), continued, renewal)
         }

@@ -178,14 +178,22 @@ fn system_identifier(holder: &str) -> &str {
 
 /// The latest mark a claim may reserve: the lease's length and an hour past the registry's clock
 /// (`registry_ms`, ms since the snowid epoch, read to within `resolution_ms`).
-pub fn reservation_cap_ms(registry_ms: u64, resolution_ms: u64, ttl_ms: u64) -> u64 {
+fn reservation_cap_ms(registry_ms: u64, resolution_ms: u64, ttl_ms: u64) -> u64 {
     registry_ms + resolution_ms + ttl_ms + RESERVATION_SLACK_MS
 }
 
-/// The mark after a grant that reserves up to `reserve_until_ms`: at most `cap_ms`, and at least a
-/// millisecond above `mark_ms`, so that every grant shows in the mark, even while the clocks are
-/// behind it.
-pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, cap_ms: u64) -> u64 {
+/// The mark after a grant of a `ttl_ms` lease that reserves up to `reserve_until_ms`, at
+/// `registry_ms` by the registry's clock read to within `resolution_ms`: at most the reservation
+/// cap (`reservation_cap_ms`), and at least a millisecond above `mark_ms`, so that every grant
+/// shows in the mark, even while the clocks are behind it.
+pub fn new_mark(
+    mark_ms: u64,
+    reserve_until_ms: u64,
+    registry_ms: u64,
+    resolution_ms: u64,
+    ttl_ms: u64,
+) -> u64 {
+    let cap_ms = reservation_cap_ms(registry_ms, resolution_ms, ttl_ms);
     (mark_ms + 1)
         .max(reserve_until_ms.min(cap_ms))
         .min(ALL_IDS_MARK_MS)
@@ -432,12 +440,14 @@ mod tests {
     fn every_grant_raises_the_mark_within_the_cap() {
         let cap = reservation_cap_ms(100_000, 1_000, 30_000);
         assert_eq!(cap, 100_000 + 1_000 + 30_000 + 3_600_000);
-        assert_eq!(new_mark(0, 130_500, cap), 130_500);
-        assert_eq!(new_mark(0, 7_300_000, cap), cap);
-        assert_eq!(new_mark(200_000, 130_500, cap), 200_001);
-        assert_eq!(new_mark(9_000_000, 7_300_000, cap), 9_000_001);
+        let new_mark =
+            |mark_ms, reserve_until_ms| new_mark(mark_ms, reserve_until_ms, 100_000, 1_000, 30_000);
+        assert_eq!(new_mark(0, 130_500), 130_500);
+        assert_eq!(new_mark(0, 7_300_000), cap);
+        assert_eq!(new_mark(200_000, 130_500), 200_001);
+        assert_eq!(new_mark(9_000_000, 7_300_000), 9_000_001);
         // Never above the mark below which every id of the layout lies.
-        assert_eq!(new_mark(MAX_MILLIS + 1, 0, cap), MAX_MILLIS + 1);
+        assert_eq!(new_mark(MAX_MILLIS + 1, 0), MAX_MILLIS + 1);
     }
 
     #[test]

@@ -293,8 +293,13 @@ impl Protocol {
         else {
             return None;
         };
-        let cap = grant::reservation_cap_ms(u64::from(now), 0, u64::from(TTL));
-        let mark = grant::new_mark(state.pg_mark, sent.reserve_until, cap);
+        let mark = grant::new_mark(
+            state.pg_mark,
+            sent.reserve_until,
+            u64::from(now),
+            0,
+            TTL.into(),
+        );
         let tenure = match (&state.row, renewal) {
             (Some(row), true) => row.tenure,
             _ => i64::from(now),
@@ -359,8 +364,7 @@ impl Protocol {
             (i64::from(now), false)
         };
         state.etcd_lease_until = Some(now + TTL);
-        let cap = grant::reservation_cap_ms(u64::from(now), 0, u64::from(TTL));
-        let mark = grant::new_mark(read.mark, sent.reserve_until, cap);
+        let mark = grant::new_mark(read.mark, sent.reserve_until, u64::from(now), 0, TTL.into());
         state.etcd = EtcdState {
             keys: Some(Keys {
                 holder: state.servers[s].holder,

@@ -300,12 +300,13 @@ pub fn release_step(
 /// clock read from its `Date` (`registry_unix_ms`, whole seconds).
 pub fn new_mark(mark_ms: u64, reserve_until_ms: u64, registry_unix_ms: i64, ttl: Duration) -> u64 {
     let registry_ms = (registry_unix_ms - EPOCH_UNIX_MS).max(0) as u64;
-    let cap_ms = grant::reservation_cap_ms(
+    grant::new_mark(
+        mark_ms,
+        reserve_until_ms,
         registry_ms,
         DATE_RESOLUTION_MS as u64,
         ttl.as_millis() as u64,
-    );
-    grant::new_mark(mark_ms, reserve_until_ms, cap_ms)
+    )
 }
 
 /// How finely etcd's clock is read: the HTTP `Date` counts whole seconds.
