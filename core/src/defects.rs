@@ -10,8 +10,18 @@ pub enum Defect {
     /// etcd in 0.9.0: a claim by a holder's word where its keys are gone was granted without
     /// comparing the mark with the marks that run knows of.
     WordWithoutMark = 1,
+    /// 0.8.0: a PostgreSQL registry whose lease row was deleted by hand began no epoch, and granted
+    /// the worker id at once above a mark of 0. The epoch's beginning is SQL (`snowid.lease_changed`
+    /// since 0.9.0): the switch is in the model checker's re-statement of it.
+    DeletedRowForgotten = 2,
+    /// 0.3.0: with the lease table on the server, a row released at a clean shutdown was granted to
+    /// a copy of that server's data directory (a cold backup started beside it).
+    ReleasedRowTakenByACopy = 16,
     /// 0.8.0: a renewal whose first answer was lost applied no floor.
     RenewalWithoutFloor = 4,
+    /// 0.7.0: a PostgreSQL registry restored from a backup began no epoch (`snowid.registry_epoch`
+    /// since 0.8.0). The switch is in the model checker, as above.
+    RestoreUnnoticed = 8,
 }
 
 #[cfg(feature = "known-defects")]

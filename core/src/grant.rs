@@ -139,6 +139,7 @@ pub fn decide(row: &Row, claim: &Claim, settling: bool) -> Decision {
         if released.by != claim.holder
             && system_identifier(released.by) == system_identifier(claim.holder)
             && released.timeline >= claim.timeline
+            && !defects::on(Defect::ReleasedRowTakenByACopy)
         {
             return Decision::HeldByOther { released: true };
         }

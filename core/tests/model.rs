@@ -1,6 +1,7 @@
 //! The model checker of docs/protocol.md: two servers configured with the same worker id, and the
-//! registry they share (a PostgreSQL server, or etcd), under every interleaving of their steps and
-//! of the faults a fleet meets, within a bound. Its transitions call snowid's own rules: the grant
+//! registry they share (a PostgreSQL server, or etcd), or a server and a copy of its data directory,
+//! each with the lease table on the server, under every interleaving of their steps and of the
+//! faults a fleet meets, within a bound. Its transitions call snowid's own rules: the grant
 //! rule (`grant::decide`, `grant::new_mark`), where a grant's ids start (`lease::floor_of_grant`)
 //! and the stamp (`generator::next`). What it writes itself is only what the transports and the
 //! lease worker do around them: the registry's atomicity (the PostgreSQL registry decides and
@@ -17,7 +18,7 @@
 
 use snowid_core::defects::{self, Defect};
 use snowid_core::generator::{next, Next};
-use snowid_core::grant::{self, Claim, Decision, Place, Row, RowHolder, Word};
+use snowid_core::grant::{self, Claim, Decision, Place, Released, Row, RowHolder, Word};
 use snowid_core::layout;
 use snowid_core::lease::{floor_of_grant, Granted, OwnPast};
 use stateright::{Checker, HasDiscoveries, Model, Path, Property};
@@ -36,6 +37,9 @@ const CLOCK_STEP: i8 = 3;
 /// Which registry the servers share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
+    /// Each server's own lease table: server B starts only as a copy of A's data directory, its
+    /// table with it.
+    OnTheServer,
     Postgres,
     Etcd,
 }
@@ -72,6 +76,9 @@ struct Sent {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Server {
+    /// Whether it runs: with the lease table on the server, B only once copied, and A no more once
+    /// retired.
+    runs: bool,
     /// Its data directory, which names it as a holder.
     holder: u8,
     /// Its run: a crash restart begins a new one, as does a fenced copy.
@@ -94,6 +101,7 @@ struct Server {
 impl Server {
     fn new(holder: u8) -> Server {
         Server {
+            runs: true,
             holder,
             incarnation: 0,
             offset: 0,
@@ -113,12 +121,33 @@ impl Server {
     }
 }
 
-/// The worker id's row in the PostgreSQL registry.
+/// The worker id's row in a lease table.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct PgRow {
     holder: Option<(u8, u8)>,
     tenure: i64,
     expires: u32,
+    /// The mark when its holder took it, which a release never lowers it below.
+    acquired: u64,
+    /// The holder whose clean shutdown released it.
+    released_by: Option<u8>,
+}
+
+/// A lease table: the shared PostgreSQL registry's, or one server's own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Table {
+    row: Option<PgRow>,
+    mark: u64,
+    /// The tick its epoch ends: until then it may have lost leases that run.
+    settling_until: u32,
+}
+
+impl Table {
+    const EMPTY: Table = Table {
+        row: None,
+        mark: 0,
+        settling_until: 0,
+    };
 }
 
 /// The worker id's keys in etcd: `workers` and `holders`, bound to the worker id's etcd lease (or
@@ -143,10 +172,10 @@ struct State {
     now: u32,
     faults: u8,
     servers: [Server; 2],
-    // The PostgreSQL registry.
-    row: Option<PgRow>,
-    pg_mark: u64,
-    settling_until: u32,
+    /// The shared PostgreSQL registry's table (the first), or each server's own.
+    tables: [Table; 2],
+    /// A backup of the shared PostgreSQL registry, taken once.
+    backup: Option<Table>,
     // etcd.
     etcd: EtcdState,
     /// When the worker id's etcd lease runs out, if it lives.
@@ -189,6 +218,14 @@ enum Action {
     DeleteHolder,
     /// etcd's whole prefix wiped, marks included.
     WipePrefix,
+    /// A clean shutdown: the lease released (`snowid.lease_release`), memory lost, then a start.
+    Release(usize),
+    /// The lease table on the server: A's data directory copied and started as B.
+    Copy,
+    /// A backup of the shared PostgreSQL registry taken (once; not a fault).
+    Backup,
+    /// The shared PostgreSQL registry restored from that backup.
+    Restore,
 }
 
 struct Protocol {
@@ -197,6 +234,52 @@ struct Protocol {
 }
 
 const NAMES: [&str; 2] = ["A", "B"];
+
+/// Where a PostgreSQL registry that lost history begins an epoch, it lasts the longest lease
+/// (its trigger, `snowid.lease_changed`, and `snowid.registry_settles_at` in `src/lease.sql`);
+/// `unnoticed`, the defect that began none.
+fn epoch_end(state: &State, unnoticed: Defect) -> u32 {
+    if defects::on(unnoticed) {
+        0
+    } else {
+        state.now + TTL
+    }
+}
+
+/// A lease table, as a trace tells it.
+fn describe(table: &Table) -> String {
+    let row = match &table.row {
+        None => "no row".into(),
+        Some(PgRow {
+            holder: None,
+            released_by,
+            ..
+        }) => match released_by {
+            Some(h) => format!("the row is released by {}", NAMES[usize::from(*h)]),
+            None => "the row is free".into(),
+        },
+        Some(PgRow {
+            holder: Some((h, i)),
+            expires,
+            ..
+        }) => format!(
+            "the row names {} run {i} until tick {expires}",
+            NAMES[usize::from(*h)]
+        ),
+    };
+    let epoch = if table.settling_until > 0 {
+        format!(", settling until tick {}", table.settling_until)
+    } else {
+        String::new()
+    };
+    format!("{row}, mark {}{epoch}", table.mark)
+}
+
+/// Server `h`'s name as a holder: one system identifier, two data directories (B may be a copy of
+/// A's).
+fn holder_name(h: u8) -> String {
+    format!("7-{h}")
+}
 
 impl Protocol {
     fn etcd_normalized(&self, state: &mut State) {
@@ -235,31 +318,51 @@ impl Protocol {
         }
     }
 
-    /// The grant rule on the registry's row for the worker id (`holder`: its holder, run and
-    /// whether its lease runs) and a claim `sent` by `server` with its `word`.
+    /// Which lease table server `s` claims in.
+    fn table_of(&self, s: usize) -> usize {
+        match self.kind {
+            Kind::OnTheServer => s,
+            Kind::Postgres | Kind::Etcd => 0,
+        }
+    }
+
+    /// The grant rule on what the registry holds for the worker id (`holder`: its holder, run and
+    /// whether its lease runs; its mark; who released it) and a claim `sent` by `server` with its
+    /// `word`.
+    #[allow(clippy::too_many_arguments)]
     fn decide(
+        &self,
         holder: Option<(u8, u8, bool)>,
         mark_ms: u64,
+        released_by: Option<u8>,
         server: &Server,
         sent: &Sent,
         word: Option<Word>,
         settling: bool,
     ) -> Decision {
-        let names = holder.map(|(h, i, live)| (h.to_string(), i.to_string(), live));
+        let holder = holder.map(|(h, i, live)| (holder_name(h), i.to_string(), live));
+        let released_by = released_by.map(holder_name);
         let row = Row {
-            holder: names.as_ref().map(|(holder, incarnation, live)| RowHolder {
-                holder,
-                incarnation,
-                live: *live,
-            }),
+            holder: holder
+                .as_ref()
+                .map(|(holder, incarnation, live)| RowHolder {
+                    holder,
+                    incarnation,
+                    live: *live,
+                }),
             mark_ms,
-            released: None,
+            released: released_by
+                .as_deref()
+                .map(|by| Released { by, timeline: 1 }),
         };
-        let (me, run) = (server.holder.to_string(), server.incarnation.to_string());
+        let (me, run) = (holder_name(server.holder), server.incarnation.to_string());
         let claim = Claim {
             holder: &me,
             incarnation: &run,
-            place: Place::Shared,
+            place: match self.kind {
+                Kind::OnTheServer => Place::OnTheServer,
+                Kind::Postgres | Kind::Etcd => Place::Shared,
+            },
             timeline: 1,
             word,
             known_mark_ms: sent.known_mark,
@@ -268,10 +371,11 @@ impl Protocol {
         grant::decide(&row, &claim, settling)
     }
 
-    /// The PostgreSQL registry's transaction (`snowid.lease_claim`).
+    /// A lease table's transaction (`snowid.lease_claim`).
     fn postgres_claim(&self, state: &mut State, s: usize, sent: &Sent) -> Option<Granted> {
         let now = state.now;
-        let holder = state
+        let table = &state.tables[self.table_of(s)];
+        let holder = table
             .row
             .as_ref()
             .and_then(|row| row.holder.map(|(h, i)| (h, i, row.expires > now)));
@@ -279,36 +383,43 @@ impl Protocol {
             floor_ms,
             continued,
             renewal,
-        } = Self::decide(
+        } = self.decide(
             holder,
-            state.pg_mark,
+            table.mark,
+            table.row.as_ref().and_then(|row| row.released_by),
             &state.servers[s],
             sent,
             // snowid.lease_claim is told the word and the known mark, not the answered one.
             sent.held_mark.map(|_| Word {
                 mark_ms: sent.known_mark,
             }),
-            now < state.settling_until,
+            now < table.settling_until,
         )
         else {
             return None;
         };
         let mark = grant::new_mark(
-            state.pg_mark,
+            table.mark,
             sent.reserve_until,
             u64::from(now),
             0,
             TTL.into(),
         );
-        let tenure = match (&state.row, renewal) {
-            (Some(row), true) => row.tenure,
-            _ => i64::from(now),
+        let (tenure, acquired) = match (&table.row, continued) {
+            (Some(row), true) => (
+                if renewal { row.tenure } else { i64::from(now) },
+                row.acquired,
+            ),
+            _ => (i64::from(now), table.mark),
         };
-        state.pg_mark = mark;
-        state.row = Some(PgRow {
+        let t = self.table_of(s);
+        state.tables[t].mark = mark;
+        state.tables[t].row = Some(PgRow {
             holder: Some((state.servers[s].holder, state.servers[s].incarnation)),
             tenure,
             expires: now + TTL,
+            acquired,
+            released_by: None,
         });
         Some(Granted {
             mark_ms: floor_ms,
@@ -334,11 +445,12 @@ impl Protocol {
             floor_ms,
             continued,
             ..
-        } = Self::decide(
+        } = self.decide(
             read.keys
                 .as_ref()
                 .map(|k| (k.holder, k.incarnation, k.bound)),
             read.mark,
+            None,
             &state.servers[s],
             sent,
             sent.held_mark.map(|answered| Word {
@@ -386,7 +498,7 @@ impl Protocol {
     }
 
     /// The lease worker applies an answer (`worker.rs` `granted`, `refused`, `fenced`).
-    fn apply(state: &mut State, s: usize, sent: &Sent, answer: Option<Granted>) {
+    fn apply(&self, state: &mut State, s: usize, sent: &Sent, answer: Option<Granted>) {
         let server = &mut state.servers[s];
         let Some(granted) = answer else {
             // Refused, fenced or raced: the gate closes. A fenced run becomes a new one; the model
@@ -401,7 +513,7 @@ impl Protocol {
                 applied_tenure: server.applied_tenure,
                 carried: None,
                 ceiling_ms: Some(server.ceiling).filter(|&ceiling| ceiling > 0),
-                shared_registry: true,
+                shared_registry: self.kind != Kind::OnTheServer,
                 other_worker_ceiling_ms: None,
             },
         );
@@ -415,6 +527,54 @@ impl Protocol {
         });
         server.applied_tenure = Some(granted.tenure);
         server.known_mark = server.known_mark.max(granted.reserved_until_ms);
+    }
+
+    /// A clean shutdown (`worker.rs` `release`): the gate closed at the ids issued, the row
+    /// released by the release rule, then a new run with the data directory's ceiling.
+    fn release(&self, state: &mut State, s: usize) {
+        let now = state.now;
+        let server = &state.servers[s];
+        let issued_below = [
+            u64::try_from(server.clock(now) + 1).unwrap_or(0),
+            server.floor,
+            if server.last_stamp > 0 {
+                layout::stamp_millis(server.last_stamp) + 1
+            } else {
+                0
+            },
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        let known = server.applied_tenure.map(|_| server.known_mark);
+        let (me, run) = (holder_name(server.holder), server.incarnation.to_string());
+        let table = &mut state.tables[self.table_of(s)];
+        if let Some(row) = table.row.as_mut() {
+            let holder = row.holder.map(|(h, i)| (holder_name(h), i.to_string()));
+            let rule_row = Row {
+                holder: holder.as_ref().map(|(holder, incarnation)| RowHolder {
+                    holder,
+                    incarnation,
+                    live: true,
+                }),
+                mark_ms: table.mark,
+                released: None,
+            };
+            if let Some(mark) =
+                grant::release(&rule_row, row.acquired, &me, &run, known, issued_below)
+            {
+                table.mark = mark;
+                row.holder = None;
+                row.released_by = Some(server.holder);
+            }
+        }
+        let server = &mut state.servers[s];
+        *server = Server {
+            incarnation: server.incarnation + 1,
+            offset: server.offset,
+            ceiling: server.ceiling,
+            ..Server::new(server.holder)
+        };
     }
 
     fn issue(state: &mut State, s: usize) -> Option<()> {
@@ -456,13 +616,16 @@ impl Model for Protocol {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
+        let copy = Server {
+            runs: self.kind != Kind::OnTheServer,
+            ..Server::new(1)
+        };
         vec![State {
             now: 0,
             faults: 0,
-            servers: [Server::new(0), Server::new(1)],
-            row: None,
-            pg_mark: 0,
-            settling_until: 0,
+            servers: [Server::new(0), copy],
+            tables: [Table::EMPTY, Table::EMPTY],
+            backup: None,
             etcd: EtcdState {
                 keys: None,
                 mark: 0,
@@ -487,21 +650,22 @@ impl Model for Protocol {
             );
         }
         let fault = state.faults < self.bound.faults;
-        for s in 0..2 {
+        let clocks_agree = state.servers.iter().all(|server| server.offset == 0);
+        for s in (0..2).filter(|&s| state.servers[s].runs) {
             let server = &state.servers[s];
             // A lease worker never has to claim: one that does not stands for one held up (a slow
             // disk, a starved CPU, SIGSTOP) while its server's backends issue on.
             match (self.kind, &server.sent) {
-                (Kind::Postgres, _) | (Kind::Etcd, None) if !server.claimed => {
-                    actions.push(Action::Claim(s, false));
-                    if fault && self.kind == Kind::Postgres {
-                        actions.push(Action::Claim(s, true));
-                    }
-                }
                 (Kind::Etcd, Some(_)) => {
                     actions.push(Action::Write(s, false));
                     if fault {
                         actions.push(Action::Write(s, true));
+                    }
+                }
+                _ if !server.claimed => {
+                    actions.push(Action::Claim(s, false));
+                    if fault && self.kind == Kind::Postgres {
+                        actions.push(Action::Claim(s, true));
                     }
                 }
                 _ => {}
@@ -509,43 +673,72 @@ impl Model for Protocol {
             if fault {
                 // A server cut off from the registry sends claims it never hears, as often as the
                 // worker retries: they raise only what the server knows of.
-                actions.push(Action::Unheard(s));
+                if self.kind != Kind::OnTheServer {
+                    actions.push(Action::Unheard(s));
+                }
                 actions.push(Action::Crash(s));
+                if self.kind != Kind::Etcd && server.applied_tenure.is_some() {
+                    actions.push(Action::Release(s));
+                }
                 if server.offset == 0 && !state.mark_lost {
                     actions.push(Action::StepClock(s, -CLOCK_STEP));
                     actions.push(Action::StepClock(s, CLOCK_STEP));
                 }
             }
         }
-        if fault && !state.mark_lost {
-            actions.push(Action::Free);
+        if !fault {
+            return;
         }
         // A history lost with its marks leaves only the clocks to keep ids apart: not beside a
         // clock that stepped, nor after a holder freed by hand.
-        let may_lose_marks =
-            !state.freed_by_hand && state.servers.iter().all(|server| server.offset == 0);
-        if fault && (self.kind == Kind::Etcd || may_lose_marks) {
-            actions.push(Action::DeleteHolder);
-        }
-        if fault && self.kind == Kind::Etcd && may_lose_marks {
-            actions.push(Action::WipePrefix);
+        let may_lose_marks = !state.freed_by_hand && clocks_agree;
+        match self.kind {
+            Kind::OnTheServer => {
+                let copy = &state.servers[1];
+                if !copy.runs && copy.incarnation == 0 && state.tables[0].row.is_some() {
+                    actions.push(Action::Copy);
+                }
+                // The copy's table holds no renewal of A's since the copy: only clocks that agree
+                // keep the copy's ids from A's last ones.
+                if copy.runs && state.servers[0].runs && may_lose_marks && !state.mark_lost {
+                    actions.push(Action::Free);
+                }
+                if may_lose_marks {
+                    actions.push(Action::DeleteHolder);
+                }
+            }
+            Kind::Postgres => {
+                if !state.mark_lost {
+                    actions.push(Action::Free);
+                }
+                if may_lose_marks {
+                    actions.push(Action::DeleteHolder);
+                    if state.backup.is_some() {
+                        actions.push(Action::Restore);
+                    }
+                }
+                if state.backup.is_none() {
+                    actions.push(Action::Backup);
+                }
+            }
+            Kind::Etcd => {
+                if !state.mark_lost {
+                    actions.push(Action::Free);
+                }
+                actions.push(Action::DeleteHolder);
+                if may_lose_marks {
+                    actions.push(Action::WipePrefix);
+                }
+            }
         }
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut state = last.clone();
-        let counts_as_fault = matches!(
+        if !matches!(
             action,
-            Action::Claim(_, true)
-                | Action::Write(_, true)
-                | Action::Unheard(_)
-                | Action::Crash(_)
-                | Action::StepClock(..)
-                | Action::Free
-                | Action::DeleteHolder
-                | Action::WipePrefix
-        );
-        if counts_as_fault {
+            Action::Tick(_) | Action::Claim(_, false) | Action::Write(_, false) | Action::Backup
+        ) {
             state.faults += 1;
         }
         match action {
@@ -563,10 +756,10 @@ impl Model for Protocol {
                 state.servers[s].claimed = true;
                 let mut sent = Self::send(&mut state, s);
                 match self.kind {
-                    Kind::Postgres => {
+                    Kind::OnTheServer | Kind::Postgres => {
                         let answer = self.postgres_claim(&mut state, s, &sent);
                         if !lost {
-                            Self::apply(&mut state, s, &sent, answer);
+                            self.apply(&mut state, s, &sent, answer);
                         }
                     }
                     Kind::Etcd => {
@@ -582,7 +775,7 @@ impl Model for Protocol {
                 let sent = state.servers[s].sent.take()?;
                 let answer = self.etcd_write(&mut state, s, &sent);
                 if !lost {
-                    Self::apply(&mut state, s, &sent, answer);
+                    self.apply(&mut state, s, &sent, answer);
                 }
             }
             Action::Crash(s) => {
@@ -595,12 +788,23 @@ impl Model for Protocol {
                     ..Server::new(server.holder)
                 };
             }
+            Action::Release(s) => self.release(&mut state, s),
             Action::StepClock(s, by) => state.servers[s].offset += by,
             Action::Free => {
                 state.freed_by_hand = true;
                 match self.kind {
+                    Kind::OnTheServer => {
+                        // A retired for good, then snowid_handover() on the copy.
+                        state.mark_lost = true;
+                        state.servers[0].runs = false;
+                        state.servers[0].lease = None;
+                        if let Some(row) = state.tables[1].row.as_mut() {
+                            row.holder = None;
+                            row.released_by = None;
+                        }
+                    }
                     Kind::Postgres => {
-                        if let Some(row) = state.row.as_mut() {
+                        if let Some(row) = state.tables[0].row.as_mut() {
                             row.holder = None;
                         }
                     }
@@ -614,12 +818,12 @@ impl Model for Protocol {
                 }
             }
             Action::DeleteHolder => match self.kind {
-                Kind::Postgres => {
-                    // The trigger begins an epoch, unless the defect forgets it.
+                Kind::OnTheServer | Kind::Postgres => {
                     state.mark_lost = true;
-                    state.row = None;
-                    state.pg_mark = 0;
-                    state.settling_until = state.now + TTL;
+                    state.tables[0] = Table {
+                        settling_until: epoch_end(&state, Defect::DeletedRowForgotten),
+                        ..Table::EMPTY
+                    };
                 }
                 Kind::Etcd => {
                     state.etcd.keys = None;
@@ -631,6 +835,21 @@ impl Model for Protocol {
                 state.etcd.keys = None;
                 state.etcd.mark = 0;
                 state.etcd.revision += 1;
+            }
+            Action::Copy => {
+                state.servers[1] = Server {
+                    ceiling: state.servers[0].ceiling,
+                    ..Server::new(1)
+                };
+                state.tables[1] = state.tables[0].clone();
+            }
+            Action::Backup => state.backup = Some(state.tables[0].clone()),
+            Action::Restore => {
+                state.mark_lost = true;
+                state.tables[0] = Table {
+                    settling_until: epoch_end(&state, Defect::RestoreUnnoticed),
+                    ..state.backup.clone()?
+                };
             }
         }
         Some(state)
@@ -647,21 +866,13 @@ impl Model for Protocol {
             None => "it holds no lease".into(),
         };
         let registry = |state: &State| match self.kind {
-            Kind::Postgres => {
-                let row = match &state.row {
-                    None => "no row".into(),
-                    Some(PgRow { holder: None, .. }) => "the row is free".into(),
-                    Some(PgRow {
-                        holder: Some((h, i)),
-                        expires,
-                        ..
-                    }) => format!(
-                        "the row names {} run {i} until tick {expires}",
-                        NAMES[*h as usize]
-                    ),
-                };
-                format!("{row}, mark {}", state.pg_mark)
-            }
+            Kind::Postgres => describe(&state.tables[0]),
+            Kind::OnTheServer if state.servers[1].runs => format!(
+                "A's table: {}; B's table: {}",
+                describe(&state.tables[0]),
+                describe(&state.tables[1])
+            ),
+            Kind::OnTheServer => format!("A's table: {}", describe(&state.tables[0])),
             Kind::Etcd => {
                 let keys = match &state.etcd.keys {
                     None => "no keys".into(),
@@ -693,7 +904,7 @@ impl Model for Protocol {
                 }
                 text
             }
-            Action::Claim(s, lost) if self.kind == Kind::Postgres => format!(
+            Action::Claim(s, lost) if self.kind != Kind::Etcd => format!(
                 "server {}'s lease worker claims (reserving below {}, by its word: {}, knowing mark {:?}); the registry answers{}: {}; {}",
                 name(s),
                 (last.servers[s].clock(last.now) + i64::from(TTL)).max(0),
@@ -722,11 +933,25 @@ impl Model for Protocol {
             ),
             Action::Crash(s) => format!("server {} crashes and starts again as run {}", name(s), after.servers[s].incarnation),
             Action::StepClock(s, by) => format!("server {}'s clock steps by {by}", name(s)),
+            Action::Free if self.kind == Kind::OnTheServer => "server A is retired for good, and an operator runs snowid_handover() on B".into(),
             Action::Free if self.kind == Kind::Postgres => "an operator runs snowid_handover()".into(),
             Action::Free => "an operator revokes the worker id's etcd lease".into(),
+            Action::DeleteHolder if self.kind == Kind::OnTheServer => "an operator deletes the lease row in A's table".into(),
             Action::DeleteHolder if self.kind == Kind::Postgres => "an operator deletes the lease row".into(),
             Action::DeleteHolder => "an operator deletes the workers and holders keys".into(),
             Action::WipePrefix => "an operator wipes etcd's prefix".into(),
+            Action::Release(s) => format!(
+                "server {} shuts down cleanly, releasing its lease, and starts again as run {}: {}",
+                name(s),
+                after.servers[s].incarnation,
+                registry(&after)
+            ),
+            Action::Copy => format!(
+                "A's data directory is copied and started as B, a new holder: {}",
+                registry(&after)
+            ),
+            Action::Backup => format!("the registry is backed up: {}", registry(&after)),
+            Action::Restore => format!("the registry is restored from that backup: {}", registry(&after)),
         })
     }
 
@@ -846,6 +1071,11 @@ fn holds(kind: Kind) {
 }
 
 #[test]
+fn no_id_twice_with_the_lease_table_on_the_server() {
+    holds(Kind::OnTheServer);
+}
+
+#[test]
 fn no_id_twice_with_a_shared_postgresql_registry() {
     holds(Kind::Postgres);
 }
@@ -870,4 +1100,32 @@ fn finds_a_renewal_whose_first_answer_was_lost_applying_no_floor() {
         true,
     );
     assert!(report.contains(I1) || report.contains("I2"), "{report}");
+}
+
+#[test]
+fn finds_a_deleted_row_the_registry_forgot() {
+    let report = check(
+        Kind::Postgres,
+        bound(),
+        &[Defect::DeletedRowForgotten],
+        true,
+    );
+    assert!(report.contains(I1), "{report}");
+}
+
+#[test]
+fn finds_a_restore_the_registry_did_not_notice() {
+    let report = check(Kind::Postgres, bound(), &[Defect::RestoreUnnoticed], true);
+    assert!(report.contains(I1), "{report}");
+}
+
+#[test]
+fn finds_a_row_released_at_a_clean_shutdown_taken_by_a_copy_of_its_server() {
+    let report = check(
+        Kind::OnTheServer,
+        bound(),
+        &[Defect::ReleasedRowTakenByACopy],
+        true,
+    );
+    assert!(report.contains(I1), "{report}");
 }
