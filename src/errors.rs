@@ -236,7 +236,7 @@ fn refusal_report(refusal: Refusal, at: Circumstances, function: &'static str) -
             clock_refusal(
                 code,
                 format!(" for another {by_ms} ms: this server has just taken the lease on worker id{worker_id}, and ids issued before under it reach {reach}"),
-                "This server issues only above every id issued before under its worker id, by itself before a restart or crash or by the server that held the worker id before it.",
+                "This server issues only above every id issued before under its worker id, by itself before a restart or crash or by the server that held the worker id before it, and, with snowid.any_worker_id, above the ids it issued under the worker id it held before.",
                 "Retry once that time has passed. A wait of more than a second or two means this server's clock is behind the previous holder's: check its time synchronisation.",
                 function,
             )

@@ -14,8 +14,9 @@ pub enum Defect {
     /// the worker id at once above a mark of 0. The epoch's beginning is SQL (`snowid.lease_changed`
     /// since 0.9.0): the switch is in the model checker's re-statement of it.
     DeletedRowForgotten = 2,
-    /// 0.3.0: with the lease table on the server, a row released at a clean shutdown was granted to
-    /// a copy of that server's data directory (a cold backup started beside it).
+    /// 0.2.0: with the lease table on the server, a row released at a clean shutdown was granted to
+    /// a copy of that server's data directory (a cold backup started beside it); 0.2.0 recorded
+    /// no releaser.
     ReleasedRowTakenByACopy = 16,
     /// 0.8.0: a renewal whose first answer was lost applied no floor.
     RenewalWithoutFloor = 4,

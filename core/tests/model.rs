@@ -2,7 +2,7 @@
 //! registry they share (a PostgreSQL server, or etcd), or a server and a copy of its data directory,
 //! each with the lease table on the server, under every interleaving of their steps and of the
 //! faults a fleet meets, within a bound. Its transitions call snowid's own rules: the grant
-//! rule (`grant::decide`, `grant::new_mark`), where a grant's ids start (`lease::floor_of_grant`)
+//! rule (`grant::decide`, `grant::new_mark`, `grant::release`), where a grant's ids start (`lease::floor_of_grant`)
 //! and the stamp (`generator::next`). What it writes itself is only what the transports and the
 //! lease worker do around them: the registry's atomicity (the PostgreSQL registry decides and
 //! writes in one transaction; etcd reads the keys, then writes them with a compare-and-swap, two
@@ -371,9 +371,16 @@ impl Protocol {
         grant::decide(&row, &claim, settling)
     }
 
-    /// A lease table's transaction (`snowid.lease_claim`).
+    /// A lease table's transaction (`snowid.lease_claim`). A server claims in its own table
+    /// without its word or the marks it knows of (`CLAIM_SQL`), and that table never settles.
     fn postgres_claim(&self, state: &mut State, s: usize, sent: &Sent) -> Option<Granted> {
         let now = state.now;
+        let on_the_server = self.kind == Kind::OnTheServer;
+        let told = Sent {
+            known_mark: sent.known_mark.filter(|_| !on_the_server),
+            held_mark: sent.held_mark.filter(|_| !on_the_server),
+            ..sent.clone()
+        };
         let table = &state.tables[self.table_of(s)];
         let holder = table
             .row
@@ -388,12 +395,12 @@ impl Protocol {
             table.mark,
             table.row.as_ref().and_then(|row| row.released_by),
             &state.servers[s],
-            sent,
+            &told,
             // snowid.lease_claim is told the word and the known mark, not the answered one.
-            sent.held_mark.map(|_| Word {
-                mark_ms: sent.known_mark,
+            told.held_mark.map(|_| Word {
+                mark_ms: told.known_mark,
             }),
-            now < table.settling_until,
+            !on_the_server && now < table.settling_until,
         )
         else {
             return None;
@@ -546,7 +553,11 @@ impl Protocol {
         .into_iter()
         .max()
         .unwrap_or(0);
-        let known = server.applied_tenure.map(|_| server.known_mark);
+        // A server releases its own table's row without the marks it knows of (`RELEASE_SQL`).
+        let known = server
+            .applied_tenure
+            .filter(|_| self.kind != Kind::OnTheServer)
+            .map(|_| server.known_mark);
         let (me, run) = (holder_name(server.holder), server.incarnation.to_string());
         let table = &mut state.tables[self.table_of(s)];
         if let Some(row) = table.row.as_mut() {
@@ -568,11 +579,17 @@ impl Protocol {
                 row.released_by = Some(server.holder);
             }
         }
+        // The data directory's ceiling stays, lowered to the ids issued; the one in `/dev/shm`
+        // that a shared registry's server keeps is removed.
         let server = &mut state.servers[s];
         *server = Server {
             incarnation: server.incarnation + 1,
             offset: server.offset,
-            ceiling: server.ceiling,
+            ceiling: if self.kind == Kind::OnTheServer {
+                server.ceiling
+            } else {
+                0
+            },
             ..Server::new(server.holder)
         };
     }
@@ -695,6 +712,8 @@ impl Model for Protocol {
         match self.kind {
             Kind::OnTheServer => {
                 let copy = &state.servers[1];
+                // A table with no row for the worker id (none claimed yet, or the row deleted by
+                // hand) tells a copy of it nothing: not detected (docs/operations.md).
                 if !copy.runs && copy.incarnation == 0 && state.tables[0].row.is_some() {
                     actions.push(Action::Copy);
                 }
@@ -818,7 +837,12 @@ impl Model for Protocol {
                 }
             }
             Action::DeleteHolder => match self.kind {
-                Kind::OnTheServer | Kind::Postgres => {
+                // The trigger begins an epoch, which claims in a server's own table never read.
+                Kind::OnTheServer => {
+                    state.mark_lost = true;
+                    state.tables[0] = Table::EMPTY;
+                }
+                Kind::Postgres => {
                     state.mark_lost = true;
                     state.tables[0] = Table {
                         settling_until: epoch_end(&state, Defect::DeletedRowForgotten),
@@ -836,11 +860,9 @@ impl Model for Protocol {
                 state.etcd.mark = 0;
                 state.etcd.revision += 1;
             }
+            // The copy takes nothing of A's ceiling, written under A's name.
             Action::Copy => {
-                state.servers[1] = Server {
-                    ceiling: state.servers[0].ceiling,
-                    ..Server::new(1)
-                };
+                state.servers[1] = Server::new(1);
                 state.tables[1] = state.tables[0].clone();
             }
             Action::Backup => state.backup = Some(state.tables[0].clone()),
