@@ -20,6 +20,11 @@ pub enum Defect {
     ReleasedRowTakenByACopy = 16,
     /// 0.8.0: a renewal whose first answer was lost applied no floor.
     RenewalWithoutFloor = 4,
+    /// 0.9.0: etcd, a take was not judged again after its transaction, and etcd restored between
+    /// the claim's judgement of its history and its read of the keys went unnoticed. The judgement
+    /// lives in the extension's etcd transport (`claims.rs` `try_claim`): the switch is in the
+    /// model checker's re-statement of it.
+    TakeUnjudgedAfterRestore = 32,
     /// 0.7.0: a PostgreSQL registry restored from a backup began no epoch (`snowid.registry_epoch`
     /// since 0.8.0). The switch is in the model checker, as above.
     RestoreUnnoticed = 8,

@@ -180,6 +180,11 @@ struct State {
     etcd: EtcdState,
     /// When the worker id's etcd lease runs out, if it lives.
     etcd_lease_until: Option<u32>,
+    /// A snapshot of etcd (`etcdctl snapshot save`): its keys, and whether the etcd lease lived.
+    etcd_snapshot: Option<(EtcdState, bool)>,
+    /// etcd's history went back since a claim last judged it, and the epoch that judgement began.
+    etcd_went_back: bool,
+    etcd_settling_until: u32,
     /// An operator freed the worker id from a holder that may still live (`snowid_handover`, an
     /// etcd lease revoked), and a history lost with its marks: after such a loss only clocks that
     /// agree keep ids apart, and with a holder freed by hand beside it nothing can (docs/protocol.md,
@@ -205,6 +210,9 @@ enum Action {
     /// The PostgreSQL registry's claim, decided and written in one transaction; its answer lost or
     /// not. For etcd: the read of the keys.
     Claim(usize, bool),
+    /// etcd: the read of the keys, once a snapshot of etcd exists (before, it comes with the
+    /// claim's judgement of the epoch, a restore being the one thing that could come between).
+    Read(usize),
     /// etcd: the lease calls and the compare-and-swap of the keys, on what the claim read.
     Write(usize, bool),
     /// A claim sent that the registry never hears (the server cut off from it).
@@ -224,8 +232,10 @@ enum Action {
     Copy,
     /// A backup of the shared PostgreSQL registry taken (once; not a fault).
     Backup,
-    /// The shared PostgreSQL registry restored from that backup.
+    /// The shared PostgreSQL registry restored from that backup, or etcd from its snapshot.
     Restore,
+    /// A snapshot of etcd taken (once; a fault, to keep the bound's states few).
+    Snapshot,
 }
 
 struct Protocol {
@@ -293,6 +303,16 @@ impl Protocol {
                 state.etcd.revision += 1;
             }
         }
+    }
+
+    /// etcd's judgement of its history, before a claim and after a take (`Etcd::hold_back` and
+    /// `history::judge` in `src/registry/etcd/`, re-stated): a history that went back begins an
+    /// epoch of a lease, and while it lasts only a claim by its holder's word goes on.
+    fn etcd_holds_back(state: &mut State, sent: &Sent) -> bool {
+        if std::mem::take(&mut state.etcd_went_back) {
+            state.etcd_settling_until = state.now + TTL;
+        }
+        state.now < state.etcd_settling_until && sent.held_mark.is_none()
     }
 
     /// What the server sends with a claim, as the lease worker builds it (`worker.rs` `claim`).
@@ -494,6 +514,13 @@ impl Protocol {
             mark,
             revision: state.etcd.revision + 1,
         };
+        // A take counts only where etcd, judged again after it, did not go back meanwhile.
+        if !renewal
+            && !defects::on(Defect::TakeUnjudgedAfterRestore)
+            && Self::etcd_holds_back(state, sent)
+        {
+            return None;
+        }
         Some(Granted {
             mark_ms: floor_ms,
             reserved_until_ms: mark,
@@ -649,6 +676,9 @@ impl Model for Protocol {
                 revision: 0,
             },
             etcd_lease_until: None,
+            etcd_snapshot: None,
+            etcd_went_back: false,
+            etcd_settling_until: 0,
             freed_by_hand: false,
             mark_lost: false,
             issued: 0,
@@ -673,6 +703,7 @@ impl Model for Protocol {
             // A lease worker never has to claim: one that does not stands for one held up (a slow
             // disk, a starved CPU, SIGSTOP) while its server's backends issue on.
             match (self.kind, &server.sent) {
+                (Kind::Etcd, Some(sent)) if sent.read.is_none() => actions.push(Action::Read(s)),
                 (Kind::Etcd, Some(_)) => {
                     actions.push(Action::Write(s, false));
                     if fault {
@@ -748,6 +779,11 @@ impl Model for Protocol {
                 if may_lose_marks {
                     actions.push(Action::WipePrefix);
                 }
+                match &state.etcd_snapshot {
+                    None => actions.push(Action::Snapshot),
+                    Some(_) if may_lose_marks => actions.push(Action::Restore),
+                    Some(_) => {}
+                }
             }
         }
     }
@@ -756,7 +792,11 @@ impl Model for Protocol {
         let mut state = last.clone();
         if !matches!(
             action,
-            Action::Tick(_) | Action::Claim(_, false) | Action::Write(_, false) | Action::Backup
+            Action::Tick(_)
+                | Action::Claim(_, false)
+                | Action::Read(_)
+                | Action::Write(_, false)
+                | Action::Backup
         ) {
             state.faults += 1;
         }
@@ -782,10 +822,21 @@ impl Model for Protocol {
                         }
                     }
                     Kind::Etcd => {
-                        sent.read = Some(state.etcd.clone());
+                        if Self::etcd_holds_back(&mut state, &sent) {
+                            self.apply(&mut state, s, &sent, None);
+                            return Some(state);
+                        }
+                        if state.etcd_snapshot.is_none() {
+                            sent.read = Some(state.etcd.clone());
+                        }
                         state.servers[s].sent = Some(sent);
                     }
                 }
+            }
+            Action::Read(s) => {
+                let etcd = state.etcd.clone();
+                let sent = state.servers[s].sent.as_mut()?;
+                sent.read = Some(etcd);
             }
             Action::Unheard(s) => {
                 Self::send(&mut state, s);
@@ -866,12 +917,23 @@ impl Model for Protocol {
                 state.tables[1] = state.tables[0].clone();
             }
             Action::Backup => state.backup = Some(state.tables[0].clone()),
+            Action::Restore if self.kind == Kind::Etcd => {
+                // Every etcd lease in the snapshot comes back with its whole time-to-live.
+                let (etcd, lease_lived) = state.etcd_snapshot.clone()?;
+                state.mark_lost = true;
+                state.etcd = etcd;
+                state.etcd_lease_until = lease_lived.then_some(state.now + TTL);
+                state.etcd_went_back = true;
+            }
             Action::Restore => {
                 state.mark_lost = true;
                 state.tables[0] = Table {
                     settling_until: epoch_end(&state, Defect::RestoreUnnoticed),
                     ..state.backup.clone()?
                 };
+            }
+            Action::Snapshot => {
+                state.etcd_snapshot = Some((state.etcd.clone(), state.etcd_lease_until.is_some()))
             }
         }
         Some(state)
@@ -936,7 +998,23 @@ impl Model for Protocol {
                 registry(&after),
                 lease(&after, s)
             ),
-            Action::Claim(s, _) => format!(
+            Action::Claim(s, _) => match &after.servers[s].sent {
+                Some(Sent { read: Some(_), .. }) => format!(
+                    "server {}'s lease worker judges etcd's history settled, and reads the keys: {}",
+                    name(s),
+                    registry(&after)
+                ),
+                Some(_) => format!(
+                    "server {}'s lease worker judges etcd's history settled",
+                    name(s)
+                ),
+                None => format!(
+                    "server {}'s lease worker judges etcd's history, and is held back until tick {}",
+                    name(s),
+                    after.etcd_settling_until
+                ),
+            },
+            Action::Read(s) => format!(
                 "server {}'s lease worker reads the keys: {}",
                 name(s),
                 registry(&after)
@@ -973,7 +1051,9 @@ impl Model for Protocol {
                 registry(&after)
             ),
             Action::Backup => format!("the registry is backed up: {}", registry(&after)),
+            Action::Restore if self.kind == Kind::Etcd => format!("etcd is restored from its snapshot: {}", registry(&after)),
             Action::Restore => format!("the registry is restored from that backup: {}", registry(&after)),
+            Action::Snapshot => format!("a snapshot of etcd is saved: {}", registry(&after)),
         })
     }
 
@@ -1147,6 +1227,17 @@ fn finds_a_row_released_at_a_clean_shutdown_taken_by_a_copy_of_its_server() {
         Kind::OnTheServer,
         bound(),
         &[Defect::ReleasedRowTakenByACopy],
+        true,
+    );
+    assert!(report.contains(I1), "{report}");
+}
+
+#[test]
+fn finds_a_take_on_an_etcd_restored_after_its_claim_judged_the_history() {
+    let report = check(
+        Kind::Etcd,
+        bound(),
+        &[Defect::TakeUnjudgedAfterRestore],
         true,
     );
     assert!(report.contains(I1), "{report}");

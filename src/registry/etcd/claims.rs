@@ -340,6 +340,16 @@ impl Etcd {
             }
         };
         let taken = self.take(worker_id, &snapshot, request, new_mark_ms, holder, budget)?;
+        // The epoch was judged before the keys were read, and etcd may have been restored since,
+        // within this claim: a take counts only where etcd, judged again after it, shows the
+        // history the take was written in did not go back (as the PostgreSQL registry judges its
+        // epoch in the grant's own transaction). Otherwise its keys stay unused until their etcd
+        // lease runs out.
+        if let Taken::Keys { renewal: false, .. } = taken {
+            if let Some(held_back) = self.hold_back(Some(worker_id), request, budget)? {
+                return Ok(Some(held_back));
+            }
+        }
         Ok(match taken {
             Taken::Raced => None,
             Taken::Keys {
@@ -704,6 +714,40 @@ mod tests {
             claim(&mut other, "pg@node2").verdict,
             Verdict::Granted(_)
         ));
+    }
+
+    #[test]
+    fn a_take_on_an_etcd_restored_after_its_epoch_was_judged_is_held_back() {
+        let fake = FakeEtcd::start();
+        // A registry in use, its epoch recorded; a snapshot; then server B takes worker id 5.
+        let mut fleet = etcd(&fake);
+        let first = fleet
+            .claim(Some(9), &request("pg@node9"), budget())
+            .unwrap();
+        assert!(matches!(first.verdict, Verdict::Granted(_)));
+        let before_b = fake.snapshot();
+        assert!(matches!(
+            claim(&mut fleet, "pg@node2").verdict,
+            Verdict::Granted(_)
+        ));
+        // Server A judges the epoch settled; etcd is restored from the snapshot before A reads
+        // worker id 5's keys, which B's take is lost from.
+        let restoring = fake.clone();
+        fake.before("/v3/kv/txn", "/x/workers/5", move || {
+            restoring.restore(&before_b)
+        });
+        let mut node1 = etcd(&fake);
+        let answer = claim(&mut node1, "pg@node1");
+        // A's keys were written, but it issues nothing under them: B may issue under worker id 5
+        // until its etcd lease, lost with the restore, would have run out.
+        let etcd_unix_ms = super::super::gateway::http_date_unix_ms(super::super::fake::DATE);
+        assert_eq!(
+            answer.verdict,
+            Verdict::Unsettled {
+                until: etcd_unix_ms.unwrap() + 1000 + 30_000
+            }
+        );
+        assert_eq!(worker_key(&fake), Some(("pg@node1".into(), lease())));
     }
 
     #[test]

@@ -37,6 +37,8 @@ type Hook = Box<dyn FnOnce() + Send>;
 #[derive(Default)]
 struct State {
     revision: i64,
+    /// The applied Raft index less the revision, as the status shows it.
+    gap: i64,
     kvs: BTreeMap<String, Kv>,
     /// Each etcd lease with the TTL it was granted with; none runs out by itself.
     leases: HashMap<i64, i64>,
@@ -47,6 +49,14 @@ struct State {
     /// Run before the next request to a path whose body holds the text is applied, without the
     /// state's lock.
     before: Vec<(String, String, Hook)>,
+}
+
+/// The member's keys and etcd leases at one moment, as `etcdctl snapshot save` keeps them.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    revision: i64,
+    kvs: BTreeMap<String, Kv>,
+    leases: HashMap<i64, i64>,
 }
 
 #[derive(Clone)]
@@ -63,6 +73,7 @@ impl FakeEtcd {
             port,
             state: Arc::new(Mutex::new(State {
                 revision: 1,
+                gap: 1000,
                 ..State::default()
             })),
         };
@@ -132,6 +143,25 @@ impl FakeEtcd {
 
     pub fn grant(&self, lease: i64, ttl_s: i64) {
         self.state().leases.insert(lease, ttl_s);
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let state = self.state();
+        Snapshot {
+            revision: state.revision,
+            kvs: state.kvs.clone(),
+            leases: state.leases.clone(),
+        }
+    }
+
+    /// The member restored from `snapshot` (`etcdctl snapshot restore`): its keys, etcd leases and
+    /// revision, and a Raft log begun anew, whose applied index starts at about the member count.
+    pub fn restore(&self, snapshot: &Snapshot) {
+        let mut state = self.state();
+        state.revision = snapshot.revision;
+        state.kvs = snapshot.kvs.clone();
+        state.leases = snapshot.leases.clone();
+        state.gap = 1 - snapshot.revision;
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -263,8 +293,8 @@ impl State {
                 Ok(json!({"ID": lease.to_string(), "TTL": ttl_s.to_string()}))
             }
             "/v3/maintenance/status" => Ok(json!({
-                "raftIndex": (self.revision + 1000).to_string(),
-                "raftAppliedIndex": (self.revision + 1000).to_string(),
+                "raftIndex": (self.revision + self.gap).to_string(),
+                "raftAppliedIndex": (self.revision + self.gap).to_string(),
             })),
             _ => Err((12, "unknown path")),
         };

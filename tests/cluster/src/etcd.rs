@@ -5,8 +5,11 @@ use crate::free_port;
 use crate::network::Host;
 use crate::signal;
 use std::fs;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// A process started by a test, killed (SIGKILL) when dropped unless it is gone already.
@@ -395,4 +398,137 @@ fn field<'a>(output: &'a str, name: &str) -> Option<&'a str> {
         .lines()
         .find_map(|line| line.strip_prefix(&prefix))
         .map(|value| value.trim_matches('"'))
+}
+
+/// Proxies on loopback, each on a port of its own, in front of one etcd member, which can hold
+/// a claim between its judgement of the epoch and its take. Once armed, every request after the
+/// next status request (`/v3/maintenance/status`, the last call of the epoch's judgement) is held
+/// unanswered, on every connection, until released; its connection is then dropped. The ports
+/// stand for as many members in `snowid.registry`: a request held past the gateway's limit for
+/// one member goes to the next port, so that a claim outlasts a hold of several seconds.
+pub struct HoldingProxy {
+    pub ports: Vec<u16>,
+    hold: Arc<(Mutex<Hold>, Condvar)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    Off,
+    Armed,
+    StatusSeen,
+    Holding,
+    Released,
+}
+
+impl HoldingProxy {
+    /// `count` proxies in front of `upstream` (`HOST:PORT`), forwarding everything until armed.
+    pub fn start(upstream: &str, count: usize) -> HoldingProxy {
+        let hold = Arc::new((Mutex::new(Hold::Off), Condvar::new()));
+        let ports = (0..count)
+            .map(|_| {
+                let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+                let port = listener.local_addr().unwrap().port();
+                let (hold, upstream) = (hold.clone(), upstream.to_string());
+                std::thread::spawn(move || {
+                    for client in listener.incoming().flatten() {
+                        let (hold, upstream) = (hold.clone(), upstream.clone());
+                        std::thread::spawn(move || forward(client, &upstream, &hold));
+                    }
+                });
+                port
+            })
+            .collect();
+        HoldingProxy { ports, hold }
+    }
+
+    /// `HOST:PORT` of every proxy, comma-separated, as `snowid.registry` takes them.
+    pub fn endpoints(&self) -> String {
+        let endpoints: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        endpoints.join(",")
+    }
+
+    pub fn arm(&self) {
+        self.set(Hold::Armed);
+    }
+
+    /// Waits until a request is held; false if none was within `limit`.
+    pub fn wait_until_holding(&self, limit: Duration) -> bool {
+        let (state, changed) = &*self.hold;
+        let state = state.lock().unwrap();
+        let (state, _) = changed
+            .wait_timeout_while(state, limit, |hold| *hold != Hold::Holding)
+            .unwrap();
+        *state == Hold::Holding
+    }
+
+    /// Drops the held requests' connections; everything is forwarded from now on.
+    pub fn release(&self) {
+        self.set(Hold::Released);
+    }
+
+    fn set(&self, to: Hold) {
+        let (state, changed) = &*self.hold;
+        *state.lock().unwrap() = to;
+        changed.notify_all();
+    }
+}
+
+/// Carries one client connection to `upstream`, connected at its first request that is not held.
+fn forward(mut client: TcpStream, upstream: &str, hold: &(Mutex<Hold>, Condvar)) {
+    let (state, changed) = hold;
+    let mut to_upstream: Option<TcpStream> = None;
+    let mut holding_here = false;
+    let mut chunk = [0u8; 65536];
+    loop {
+        let read = match client.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        let text = String::from_utf8_lossy(&chunk[..read]);
+        {
+            let mut hold = state.lock().unwrap();
+            if *hold == Hold::Armed && text.contains("POST /v3/maintenance/status") {
+                *hold = Hold::StatusSeen;
+            } else if matches!(*hold, Hold::StatusSeen | Hold::Holding)
+                && (holding_here || text.contains("POST /v3/"))
+            {
+                *hold = Hold::Holding;
+                holding_here = true;
+                changed.notify_all();
+            }
+            if holding_here {
+                let _released = changed
+                    .wait_while(hold, |hold| *hold != Hold::Released)
+                    .unwrap();
+                break;
+            }
+        }
+        if to_upstream.is_none() {
+            let Ok(stream) = TcpStream::connect(upstream) else {
+                break;
+            };
+            let (mut from, mut back) = (stream.try_clone().unwrap(), client.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut from, &mut back);
+                let _ = back.shutdown(Shutdown::Both);
+            });
+            to_upstream = Some(stream);
+        }
+        if to_upstream
+            .as_mut()
+            .unwrap()
+            .write_all(&chunk[..read])
+            .is_err()
+        {
+            break;
+        }
+    }
+    let _ = client.shutdown(Shutdown::Both);
+    if let Some(stream) = to_upstream {
+        let _ = stream.shutdown(Shutdown::Both);
+    }
 }

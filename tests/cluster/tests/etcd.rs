@@ -4,10 +4,10 @@
 //! holder that crashed, four nodes picking any worker id, etcd's leader killed, every member frozen
 //! past the lease, TLS with client certificates and user authentication, a member that never
 //! answers, a copy of a holder's memory raising its mark, a holder held up while an operator freed
-//! its worker id twice. Every id is collected from every node: none is issued twice.
+//! its worker id twice, etcd restored within a claim. Every id is collected from every node: none is issued twice.
 
 use postgres::Client;
-use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls};
+use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls, HoldingProxy};
 use snowid_cluster_tests::ids::{millis_now, millis_of, unix_ms_of, worker_of};
 use snowid_cluster_tests::loss::{
     fleet_through_a_registry_loss, LossRun, FLEET, NEWCOMER_WORKER_ID, NOT_ACQUIRED, UNSETTLED,
@@ -478,6 +478,116 @@ fn fleet_through_an_etcd_restore(
         "one claim began the epoch, and its server said why"
     );
     then(&run, etcd, settles_at_ms);
+}
+
+/// A claim that judged etcd's epoch settled and then met etcd restored from a snapshot, before it
+/// read the keys: the keys of worker id 5's holder were lost with the
+/// restore, and the claim's take finds worker id 5 free. It is held back, as a take where the
+/// history went back: the holder issues on until its next renewal, and the claimant issues
+/// nothing beside it. Before 0.10.0 the take was granted, and both issued under worker id 5.
+#[test]
+fn a_take_that_meets_etcd_restored_after_it_judged_the_epoch_is_held_back_beside_the_holder() {
+    const TTL_S: u64 = 30;
+    const CALL_EVERY: Duration = Duration::from_millis(1);
+    let renew_every = Duration::from_secs(TTL_S / 3);
+    let dir = directory("restored-within-a-claim");
+    let mut etcd = EtcdCluster::start(&dir, 1, None);
+    etcd.write_other_keys();
+    let registry = registry(&etcd);
+    let snapshot = dir.join("snapshot.db");
+    // A node of another worker id records the epoch; the snapshot; then B takes worker id 5.
+    let _c = node("restored-c", Some(9), &registry, TTL_S as u32);
+    etcd.save_snapshot(&snapshot);
+    let b = node("restored-b", Some(5), &registry, TTL_S as u32);
+    let mut on_b = b.cluster.connect();
+    // A reaches etcd only through the proxies, which hold its claim after its epoch's judgement.
+    let proxy = HoldingProxy::start(&etcd.endpoints(), 5);
+    let ttl = format!("snowid.lease_ttl = {TTL_S}");
+    let prepared_a = Node::prepare(
+        "restored-a",
+        Some(5),
+        &format!("etcd://{}/snowid", proxy.endpoints()),
+        &[&ttl],
+    );
+    let b_before = seen(&mut on_b);
+    let (b_calls, (a, a_calls, a_answer, b_after)) = calls_every(CALL_EVERY, &[&b], |_| {
+        proxy.arm();
+        let a = prepared_a.join();
+        assert!(
+            proxy.wait_until_holding(Duration::from_secs(15)),
+            "A's claim was never held"
+        );
+        let held = Instant::now();
+        etcd.restore_snapshot(&snapshot);
+        assert_eq!(etcd.get("/snowid/workers/5"), None, "B's keys came back");
+        proxy.release();
+        // Within the claim's budget (a third of the lease), so that the same claim takes.
+        assert!(
+            held.elapsed() < renew_every - Duration::from_secs(2),
+            "the restore took {:?}",
+            held.elapsed()
+        );
+        let mut on_a = a.cluster.connect();
+        let (a_calls, (a_answer, b_after)) = calls_every(CALL_EVERY, &[&a], |_| {
+            let mut a_answer = None;
+            wait_every(
+                "A's claim is answered",
+                renew_every,
+                Duration::from_millis(10),
+                || {
+                    let state = seen(&mut on_a).state;
+                    let answered = state != "starting";
+                    a_answer = Some(state);
+                    answered
+                },
+            );
+            // B's first renewal after the restore, and a second of both servers' calls.
+            let b_after = answer_since(
+                &mut on_b,
+                &b_before,
+                "B's renewal after the restore",
+                renew_every + Duration::from_secs(5),
+            );
+            std::thread::sleep(Duration::from_secs(1));
+            (a_answer, b_after)
+        });
+        (a, a_calls, a_answer, b_after)
+    });
+    let (a_calls, b_calls) = (&a_calls[0], &b_calls[0]);
+    let issued = |calls: &[Call]| calls.iter().filter(|call| call.result.is_ok()).count();
+    let b_ids: HashSet<i64> = b_calls
+        .iter()
+        .filter_map(|c| c.result.clone().ok())
+        .collect();
+    let twice = a_calls
+        .iter()
+        .filter_map(|c| c.result.clone().ok())
+        .filter(|id| b_ids.contains(id))
+        .count();
+    println!(
+        "A's claim answered: {a_answer:?}; B after the restore: {b_after:?}; ids received: {} \
+         from A, {} from B, {twice} by both",
+        issued(a_calls),
+        issued(b_calls)
+    );
+    assert_eq!(twice, 0, "ids received from both A and B");
+    assert_eq!(issued(a_calls), 0, "A issued beside B");
+    assert_eq!(a_answer.as_deref(), Some("held by another server"));
+    // The held claim took worker id 5 on the restored etcd, and was held back after its take.
+    assert_eq!(etcd.get("/snowid/workers/5"), Some(a.holder_name()));
+    // B's renewal meets the keys and the mark of A's take: somebody was granted worker id 5 since.
+    assert_eq!(b_after.state, "held by another server", "{b_after:?}");
+    let a_log = a.cluster.log();
+    assert!(a_log.contains("etcd's history went back"), "{a_log}");
+    assert!(
+        a_calls.iter().any(|call| call
+            .result
+            .as_ref()
+            .is_err_and(|error| error.contains("worker id 5 is not granted before"))),
+        "{:?}",
+        a_calls.last().map(|call| &call.result)
+    );
+    assert!(issued(b_calls) > 0, "B issued nothing");
 }
 
 #[test]
