@@ -22,13 +22,17 @@
 //! (a directory of the server's own in `/dev/shm`, see [`memory_directory`]), with the lease held
 //! beside it: the next run of the server on this boot carries that lease on (see
 //! [`Ceiling::lease_to_carry_on`]). A restart of the machine empties it, and a copy of the data
-//! directory started elsewhere never has it. With `snowid.any_worker_id` the data directory's file
+//! directory started elsewhere never has it. Beside it, the lease worker of the run holds a lock
+//! (`HOLDER.run`, see [`lock_the_run`]) for as long as it runs: a run that finds it held by another
+//! process does not carry a lease on, since the run before it still lives (another postmaster on
+//! the data directory, in other process and IPC namespaces that PostgreSQL's own interlock cannot
+//! see into). With `snowid.any_worker_id` the data directory's file
 //! keeps, with no lease, the reservation of the last grant for the next boot (see `worker.rs`
 //! `keep_for_the_next_boot`).
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 pub const FILE_NAME: &str = "snowid.ceiling";
@@ -103,6 +107,27 @@ pub fn memory_directory() -> Result<PathBuf, String> {
 /// [`memory_directory`]), with a shared registry or etcd.
 pub fn in_memory(directory: &Path, holder: &str) -> PathBuf {
     directory.join(format!("{holder}.ceiling"))
+}
+
+/// The lock of `holder`'s runs, beside its ceiling in `directory` (see [`memory_directory`]).
+pub fn run_lock(directory: &Path, holder: &str) -> PathBuf {
+    directory.join(format!("{holder}.run"))
+}
+
+/// Locks the file `path` (`flock`, which holds across namespaces on one file system) for as long
+/// as the file returned stays open: `Ok(None)` when another process holds the lock.
+pub fn lock_the_run(path: &Path) -> std::io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(TryLockError::WouldBlock) => Ok(None),
+        Err(TryLockError::Error(error)) => Err(error),
+    }
 }
 
 impl Ceiling {

@@ -27,6 +27,7 @@ use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -86,6 +87,11 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
             }
         },
     };
+    let run_lock = match (registry.is_local(), ceiling::memory_directory()) {
+        (false, Ok(directory)) => Some(ceiling::run_lock(&directory, &me.holder)),
+        _ => None,
+    };
+    let run = run_lock.as_deref().map(ceiling::lock_the_run);
     let timing = gucs::lease_timing();
     let me_holder = me.holder.clone();
     // Only where the registry chooses the worker id (see `keep_for_the_next_boot`).
@@ -122,7 +128,20 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
             .ok()
             .map(|directory| directory.join(format!("{}.clock", me_holder))),
         clock_saved_ms: 0,
+        run: None,
     };
+    match (run, run_lock) {
+        (Some(Ok(Some(held))), _) => worker.run = Some(held),
+        (Some(Ok(None)), Some(path)) => warning!(
+            "snowid lease worker: another process holds {}, the lock of this server's runs: a run before this one still lives (another postmaster on this data directory, from other process and IPC namespaces?); this run does not carry a lease on, and claims as a new run of the server",
+            path.display()
+        ),
+        (Some(Err(error)), Some(path)) => log!(
+            "snowid lease worker could not lock {}: {error}; this run does not carry a lease on",
+            path.display()
+        ),
+        _ => {}
+    }
     worker.restore_the_trusted_clock();
     let mut next_look_ns = 0;
     while server::in_recovery() {
@@ -237,6 +256,9 @@ struct LeaseWorker {
     clock_file: Option<PathBuf>,
     /// The offset last written there.
     clock_saved_ms: i64,
+    /// The lock of this server's runs (see `ceiling::lock_the_run`), held while this worker runs;
+    /// `None` where another process holds it, or where nothing is kept in memory.
+    run: Option<File>,
 }
 
 impl LeaseWorker {
@@ -514,6 +536,10 @@ impl LeaseWorker {
         let Some(recorded) = &self.recorded else {
             return;
         };
+        // Only a run alone on the data directory: the one before must be gone.
+        if self.run.is_none() {
+            return;
+        }
         let Some(lease) =
             recorded.lease_to_carry_on(&self.me.holder, server::timeline(), status.incarnation)
         else {

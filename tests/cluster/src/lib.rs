@@ -1013,7 +1013,7 @@ pub fn remove_memory_files(bindir: &Path, data: &Path) {
         .lines()
         .find_map(|line| line.strip_prefix("Database system identifier:"));
     let files = system_identifier.map_or(vec![], |id| {
-        memory_files(id.trim(), &[".ceiling", ".clock"])
+        memory_files(id.trim(), &[".ceiling", ".clock", ".run"])
     });
     for file in files {
         let _ = fs::remove_file(file);
@@ -1660,7 +1660,7 @@ pub fn ceiling_file(cluster: &Cluster, shared: bool) -> PathBuf {
 }
 
 /// The ceilings and trusted clocks that servers of `system_identifier` keep in memory
-/// (`/dev/shm/snowid-UID/HOLDER.ceiling`, `HOLDER.clock`).
+/// (`/dev/shm/snowid-UID/HOLDER.ceiling`, `HOLDER.clock`, and the lock of its runs `HOLDER.run`).
 fn memory_files(system_identifier: &str, suffixes: &[&str]) -> Vec<PathBuf> {
     let prefix = format!("{system_identifier}-");
     let directories = fs::read_dir("/dev/shm").into_iter().flatten().flatten();
@@ -1709,6 +1709,11 @@ pub enum WhileDown<'a> {
     /// it reserved up to): the restarted node does not carry the lease on, and waits for that
     /// copy's lease to run out, starting above its mark.
     ACopyClaims(Box<dyn FnOnce() -> i64 + 'a>),
+    /// A process of the run that crashed lives on, holding the lock of the server's runs beside
+    /// its ceiling in `/dev/shm` (`HOLDER.run`), as a second postmaster on the data directory in
+    /// other namespaces would (the test holds it): the restarted node does not carry the lease on,
+    /// says why in one WARNING, and waits for the lease to run out.
+    AnEarlierRunLives,
 }
 
 /// Crashes `node` (`pg_ctl stop -m immediate`), whose registry is shared and its lease on worker
@@ -1740,6 +1745,8 @@ pub fn assert_a_crash_restart(node: &Node, while_down: WhileDown) -> Duration {
     let log_before = node.cluster.log().len();
     let ceiling_before_ms = ceiling_ms(&ceiling);
     let carries_on = matches!(while_down, WhileDown::Nothing);
+    let lives_on = matches!(while_down, WhileDown::AnEarlierRunLives);
+    let mut run_lock = None;
     let copy_reserved_ms = match while_down {
         WhileDown::Nothing => None,
         WhileDown::MachineRestarted => {
@@ -1747,6 +1754,12 @@ pub fn assert_a_crash_restart(node: &Node, while_down: WhileDown) -> Duration {
             None
         }
         WhileDown::ACopyClaims(claim) => Some(claim()),
+        WhileDown::AnEarlierRunLives => {
+            let lock = fs::File::open(ceiling.with_extension("run")).unwrap();
+            lock.try_lock().expect("the crashed run's lock is free");
+            run_lock = Some(lock);
+            None
+        }
     };
     node.cluster.start_again();
     let accepting = Instant::now();
@@ -1783,11 +1796,22 @@ pub fn assert_a_crash_restart(node: &Node, while_down: WhileDown) -> Duration {
              run of the server",
         )
         .count();
+    let still_lives = log
+        .matches(&format!(
+            "WARNING:  snowid lease worker: another process holds {}, the lock of this server's \
+             runs: a run before this one still lives (another postmaster on this data directory, \
+             from other process and IPC namespaces?); this run does not carry a lease on, and \
+             claims as a new run of the server",
+            ceiling.with_extension("run").display()
+        ))
+        .count();
+    drop(run_lock);
     println!(
         "{}: the first id {waited:?} after the restarted server accepted connections, {} refusals before",
         node.name,
         refusals.len()
     );
+    assert_eq!(still_lives, usize::from(lives_on), "{log}");
     if carries_on {
         assert_eq!((carried, claimed_since), (1, 0));
         assert!(ids::millis_of(first) >= ceiling_before_ms);

@@ -206,6 +206,12 @@ fn a_crash_restart_after_the_machine_restarted_waits_for_the_lease_of_its_run_be
 }
 
 #[test]
+fn a_crash_restart_beside_a_live_process_of_its_run_before_waits_for_its_lease() {
+    let (_registry, node, _) = crash_restart_node("crash-lives");
+    assert_a_crash_restart(&node, WhileDown::AnEarlierRunLives);
+}
+
+#[test]
 fn a_crash_restart_after_a_copy_of_its_run_claimed_waits_for_that_copys_lease() {
     let (_registry, node, mut admin) = crash_restart_node("crash-copy");
     let copy = Box::new(move || {
