@@ -25,6 +25,10 @@ pub enum Defect {
     /// lives in the extension's etcd transport (`claims.rs` `try_claim`): the switch is in the
     /// model checker's re-statement of it.
     TakeUnjudgedAfterRestore = 32,
+    /// 0.9.0: with `snowid.any_worker_id`, a grant of another worker id than the one the server
+    /// last issued under started above that worker id's mark only, not above the server's own
+    /// ids: after a restart of the machine and a clock set back, its ids went back.
+    OtherWorkerCeilingIgnored = 64,
     /// 0.7.0: a PostgreSQL registry restored from a backup began no epoch (`snowid.registry_epoch`
     /// since 0.8.0). The switch is in the model checker, as above.
     RestoreUnnoticed = 8,

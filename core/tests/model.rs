@@ -1,7 +1,8 @@
 //! The model checker of docs/protocol.md: two servers configured with the same worker id, and the
 //! registry they share (a PostgreSQL server, or etcd), or a server and a copy of its data directory,
 //! each with the lease table on the server, under every interleaving of their steps and of the
-//! faults a fleet meets, within a bound. Its transitions call snowid's own rules: the grant
+//! faults a fleet meets, within a bound; and one server with `snowid.any_worker_id` on a registry
+//! of two worker ids, through restarts of its machine. Its transitions call snowid's own rules: the grant
 //! rule (`grant::decide`, `grant::new_mark`, `grant::release`), where a grant's ids start (`lease::floor_of_grant`)
 //! and the stamp (`generator::next`). What it writes itself is only what the transports and the
 //! lease worker do around them: the registry's atomicity (the PostgreSQL registry decides and
@@ -42,6 +43,9 @@ enum Kind {
     OnTheServer,
     Postgres,
     Etcd,
+    /// One server with `snowid.any_worker_id` on a shared PostgreSQL registry of two worker ids,
+    /// whose rows are the two tables, through restarts of its machine.
+    AnyWorkerId,
 }
 
 /// The bound of one run.
@@ -81,6 +85,8 @@ struct Server {
     runs: bool,
     /// Its data directory, which names it as a holder.
     holder: u8,
+    /// The worker id of its lease (with `snowid.any_worker_id`, 0 or 1; otherwise 0).
+    worker: u8,
     /// Its run: a crash restart begins a new one, as does a fenced copy.
     incarnation: u8,
     /// Its wall clock less true time.
@@ -90,8 +96,13 @@ struct Server {
     known_mark: u64,
     floor: u64,
     last_stamp: u64,
-    /// The ceiling in its data directory: every id it issued lies below (0: none recorded).
+    /// Its ceiling, in its data directory with the lease table on the server, else in `/dev/shm`:
+    /// every id it issued under `ceiling_worker` lies below (0: none recorded).
     ceiling: u64,
+    ceiling_worker: u8,
+    /// With `snowid.any_worker_id`, the bound its data directory keeps for the next boot: the
+    /// reservation of its last grant, and that grant's worker id.
+    kept: Option<(u8, u64)>,
     sent: Option<Sent>,
     /// Whether it claimed in this tick: a lease worker claims at most once a renewal interval (a
     /// third of `TTL`), which the model rounds to a tick.
@@ -103,6 +114,7 @@ impl Server {
         Server {
             runs: true,
             holder,
+            worker: 0,
             incarnation: 0,
             offset: 0,
             lease: None,
@@ -111,6 +123,8 @@ impl Server {
             floor: 0,
             last_stamp: 0,
             ceiling: 0,
+            ceiling_worker: 0,
+            kept: None,
             sent: None,
             claimed: false,
         }
@@ -218,6 +232,8 @@ enum Action {
     /// A claim sent that the registry never hears (the server cut off from it).
     Unheard(usize),
     Crash(usize),
+    /// With `snowid.any_worker_id`: a restart of the machine, which empties `/dev/shm` as well.
+    Reboot(usize),
     StepClock(usize, i8),
     /// An operator frees the worker id: `snowid_handover`, or etcd's lease revoked.
     Free,
@@ -342,7 +358,7 @@ impl Protocol {
     fn table_of(&self, s: usize) -> usize {
         match self.kind {
             Kind::OnTheServer => s,
-            Kind::Postgres | Kind::Etcd => 0,
+            Kind::Postgres | Kind::Etcd | Kind::AnyWorkerId => 0,
         }
     }
 
@@ -381,7 +397,7 @@ impl Protocol {
             incarnation: &run,
             place: match self.kind {
                 Kind::OnTheServer => Place::OnTheServer,
-                Kind::Postgres | Kind::Etcd => Place::Shared,
+                Kind::Postgres | Kind::Etcd | Kind::AnyWorkerId => Place::Shared,
             },
             timeline: 1,
             word,
@@ -393,7 +409,13 @@ impl Protocol {
 
     /// A lease table's transaction (`snowid.lease_claim`). A server claims in its own table
     /// without its word or the marks it knows of (`CLAIM_SQL`), and that table never settles.
-    fn postgres_claim(&self, state: &mut State, s: usize, sent: &Sent) -> Option<Granted> {
+    fn postgres_claim(
+        &self,
+        state: &mut State,
+        s: usize,
+        t: usize,
+        sent: &Sent,
+    ) -> Option<Granted> {
         let now = state.now;
         let on_the_server = self.kind == Kind::OnTheServer;
         let told = Sent {
@@ -401,7 +423,7 @@ impl Protocol {
             held_mark: sent.held_mark.filter(|_| !on_the_server),
             ..sent.clone()
         };
-        let table = &state.tables[self.table_of(s)];
+        let table = &state.tables[t];
         let holder = table
             .row
             .as_ref()
@@ -439,7 +461,6 @@ impl Protocol {
             ),
             _ => (i64::from(now), table.mark),
         };
-        let t = self.table_of(s);
         state.tables[t].mark = mark;
         state.tables[t].row = Some(PgRow {
             holder: Some((state.servers[s].holder, state.servers[s].incarnation)),
@@ -531,8 +552,40 @@ impl Protocol {
         })
     }
 
-    /// The lease worker applies an answer (`worker.rs` `granted`, `refused`, `fenced`).
-    fn apply(&self, state: &mut State, s: usize, sent: &Sent, answer: Option<Granted>) {
+    /// The worker id `snowid.lease_claim_any` claims for server `s` (`src/lease.sql`, re-stated):
+    /// the one it holds and issues under, else its own run's row or its row that ran out, else the
+    /// lowest row that is free or ran out, else the lowest with no row; and the claim as it is
+    /// told, by its word only for the worker id it holds.
+    fn any_worker_id(state: &State, s: usize, sent: &Sent) -> (u8, Sent) {
+        let server = &state.servers[s];
+        let now = state.now;
+        let row = |w: usize| state.tables[w].row.as_ref();
+        let own = |w: &usize| {
+            row(*w).is_some_and(|row| {
+                row.holder.is_some_and(|(h, i)| {
+                    h == server.holder && (i == server.incarnation || row.expires <= now)
+                })
+            })
+        };
+        let free =
+            |w: &usize| row(*w).is_some_and(|row| row.holder.is_none() || row.expires <= now);
+        let held = sent.held_mark.map(|_| usize::from(server.worker));
+        let w = held
+            .or_else(|| (0..2).find(own))
+            .or_else(|| (0..2).find(free))
+            .or_else(|| (0..2).find(|&w| row(w).is_none()))
+            .unwrap_or(0);
+        let told = Sent {
+            held_mark: sent.held_mark.filter(|_| held == Some(w)),
+            held_tenure: sent.held_tenure.filter(|_| held == Some(w)),
+            ..sent.clone()
+        };
+        (w as u8, told)
+    }
+
+    /// The lease worker applies an answer for worker id `w` (`worker.rs` `granted`, `refused`,
+    /// `fenced`).
+    fn apply(&self, state: &mut State, s: usize, w: u8, sent: &Sent, answer: Option<Granted>) {
         let server = &mut state.servers[s];
         let Some(granted) = answer else {
             // Refused, fenced or raced: the gate closes. A fenced run becomes a new one; the model
@@ -541,16 +594,34 @@ impl Protocol {
             server.applied_tenure = None;
             return;
         };
+        // The ceiling recorded on this boot, else what the data directory kept for the next
+        // (`worker.rs` `granted`); of another worker id, only with `snowid.any_worker_id`.
+        let recorded = Some((server.ceiling_worker, server.ceiling)).filter(|&(_, c)| c > 0);
+        let other_worker_ceiling_ms = recorded
+            .or(server.kept)
+            .filter(|&(worker, _)| self.kind == Kind::AnyWorkerId && worker != w)
+            .map(|(_, ceiling)| ceiling);
         let floor = floor_of_grant(
             &granted,
             &OwnPast {
-                applied_tenure: server.applied_tenure,
+                applied_tenure: server.applied_tenure.filter(|_| server.worker == w),
                 carried: None,
-                ceiling_ms: Some(server.ceiling).filter(|&ceiling| ceiling > 0),
+                ceiling_ms: recorded
+                    .filter(|&(worker, _)| worker == w)
+                    .map(|(_, ceiling)| ceiling),
                 shared_registry: self.kind != Kind::OnTheServer,
-                other_worker_ceiling_ms: None,
+                other_worker_ceiling_ms,
             },
         );
+        // Kept durably before the gate opens (`keep_for_the_next_boot`).
+        if self.kind == Kind::AnyWorkerId
+            && server
+                .kept
+                .is_none_or(|(_, kept)| granted.reserved_until_ms > kept)
+        {
+            server.kept = Some((w, granted.reserved_until_ms));
+        }
+        server.worker = w;
         if let Some(floor) = floor {
             server.floor = server.floor.max(floor);
         }
@@ -640,17 +711,20 @@ impl Protocol {
         }
         server.last_stamp = stamp;
         server.ceiling = server.ceiling.max(ms + 1);
+        server.ceiling_worker = server.worker;
+        // Ids sort by millisecond, then worker id.
+        let id = ms * 2 + u64::from(server.worker);
         if ms > clock && state.ahead_of_clock.is_none() {
             state.ahead_of_clock = Some((s, ms));
         }
-        if state.issued & (1 << ms) != 0 && state.twice.is_none() {
+        if state.issued & (1 << id) != 0 && state.twice.is_none() {
             state.twice = Some((s, ms));
         }
-        if ms <= state.highest[s] && state.highest[s] > 0 && state.backwards.is_none() {
+        if id <= state.highest[s] && state.highest[s] > 0 && state.backwards.is_none() {
             state.backwards = Some((s, ms));
         }
-        state.highest[s] = state.highest[s].max(ms);
-        state.issued |= 1 << ms;
+        state.highest[s] = state.highest[s].max(id);
+        state.issued |= 1 << id;
         Some(())
     }
 }
@@ -661,7 +735,7 @@ impl Model for Protocol {
 
     fn init_states(&self) -> Vec<State> {
         let copy = Server {
-            runs: self.kind != Kind::OnTheServer,
+            runs: matches!(self.kind, Kind::Postgres | Kind::Etcd),
             ..Server::new(1)
         };
         vec![State {
@@ -725,12 +799,20 @@ impl Model for Protocol {
                     actions.push(Action::Unheard(s));
                 }
                 actions.push(Action::Crash(s));
-                if self.kind != Kind::Etcd && server.applied_tenure.is_some() {
+                let releases = matches!(self.kind, Kind::OnTheServer | Kind::Postgres);
+                if releases && server.applied_tenure.is_some() {
                     actions.push(Action::Release(s));
                 }
                 if server.offset == 0 && !state.mark_lost {
                     actions.push(Action::StepClock(s, -CLOCK_STEP));
                     actions.push(Action::StepClock(s, CLOCK_STEP));
+                }
+                if self.kind == Kind::AnyWorkerId {
+                    actions.push(Action::Reboot(s));
+                    // A clock that was wrong, set right.
+                    if server.offset != 0 {
+                        actions.push(Action::StepClock(s, -server.offset));
+                    }
                 }
             }
         }
@@ -741,6 +823,7 @@ impl Model for Protocol {
         // clock that stepped, nor after a holder freed by hand.
         let may_lose_marks = !state.freed_by_hand && clocks_agree;
         match self.kind {
+            Kind::AnyWorkerId => {}
             Kind::OnTheServer => {
                 let copy = &state.servers[1];
                 // A table with no row for the worker id (none claimed yet, or the row deleted by
@@ -816,14 +899,20 @@ impl Model for Protocol {
                 let mut sent = Self::send(&mut state, s);
                 match self.kind {
                     Kind::OnTheServer | Kind::Postgres => {
-                        let answer = self.postgres_claim(&mut state, s, &sent);
+                        let t = self.table_of(s);
+                        let answer = self.postgres_claim(&mut state, s, t, &sent);
                         if !lost {
-                            self.apply(&mut state, s, &sent, answer);
+                            self.apply(&mut state, s, 0, &sent, answer);
                         }
+                    }
+                    Kind::AnyWorkerId => {
+                        let (w, told) = Self::any_worker_id(&state, s, &sent);
+                        let answer = self.postgres_claim(&mut state, s, usize::from(w), &told);
+                        self.apply(&mut state, s, w, &told, answer);
                     }
                     Kind::Etcd => {
                         if Self::etcd_holds_back(&mut state, &sent) {
-                            self.apply(&mut state, s, &sent, None);
+                            self.apply(&mut state, s, 0, &sent, None);
                             return Some(state);
                         }
                         if state.etcd_snapshot.is_none() {
@@ -845,16 +934,28 @@ impl Model for Protocol {
                 let sent = state.servers[s].sent.take()?;
                 let answer = self.etcd_write(&mut state, s, &sent);
                 if !lost {
-                    self.apply(&mut state, s, &sent, answer);
+                    self.apply(&mut state, s, 0, &sent, answer);
                 }
             }
             Action::Crash(s) => {
-                // Memory lost; the data directory (its ceiling) kept. A new run.
+                // Memory lost; the ceiling kept. A new run.
                 let server = &mut state.servers[s];
                 *server = Server {
                     incarnation: server.incarnation + 1,
                     offset: server.offset,
                     ceiling: server.ceiling,
+                    ceiling_worker: server.ceiling_worker,
+                    kept: server.kept,
+                    ..Server::new(server.holder)
+                };
+            }
+            Action::Reboot(s) => {
+                // Memory and `/dev/shm` lost; the data directory kept. A new run.
+                let server = &mut state.servers[s];
+                *server = Server {
+                    incarnation: server.incarnation + 1,
+                    offset: server.offset,
+                    kept: server.kept,
                     ..Server::new(server.holder)
                 };
             }
@@ -873,7 +974,7 @@ impl Model for Protocol {
                             row.released_by = None;
                         }
                     }
-                    Kind::Postgres => {
+                    Kind::Postgres | Kind::AnyWorkerId => {
                         if let Some(row) = state.tables[0].row.as_mut() {
                             row.holder = None;
                         }
@@ -893,7 +994,7 @@ impl Model for Protocol {
                     state.mark_lost = true;
                     state.tables[0] = Table::EMPTY;
                 }
-                Kind::Postgres => {
+                Kind::Postgres | Kind::AnyWorkerId => {
                     state.mark_lost = true;
                     state.tables[0] = Table {
                         settling_until: epoch_end(&state, Defect::DeletedRowForgotten),
@@ -951,6 +1052,11 @@ impl Model for Protocol {
         };
         let registry = |state: &State| match self.kind {
             Kind::Postgres => describe(&state.tables[0]),
+            Kind::AnyWorkerId => format!(
+                "worker id 0: {}; worker id 1: {}",
+                describe(&state.tables[0]),
+                describe(&state.tables[1])
+            ),
             Kind::OnTheServer if state.servers[1].runs => format!(
                 "A's table: {}; B's table: {}",
                 describe(&state.tables[0]),
@@ -981,9 +1087,10 @@ impl Model for Protocol {
                 for s in (0..2).filter(|&s| issuing[s]) {
                     let _ = write!(
                         text,
-                        "; server {} issues an id in millisecond {}",
+                        "; server {} issues an id in millisecond {} under worker id {}",
                         name(s),
-                        layout::stamp_millis(after.servers[s].last_stamp)
+                        layout::stamp_millis(after.servers[s].last_stamp),
+                        after.servers[s].worker
                     );
                 }
                 text
@@ -1032,6 +1139,7 @@ impl Model for Protocol {
                 (last.servers[s].clock(last.now) + i64::from(TTL)).max(0)
             ),
             Action::Crash(s) => format!("server {} crashes and starts again as run {}", name(s), after.servers[s].incarnation),
+            Action::Reboot(s) => format!("server {}'s machine restarts, emptying /dev/shm, and the server starts again as run {}", name(s), after.servers[s].incarnation),
             Action::StepClock(s, by) => format!("server {}'s clock steps by {by}", name(s)),
             Action::Free if self.kind == Kind::OnTheServer => "server A is retired for good, and an operator runs snowid_handover() on B".into(),
             Action::Free if self.kind == Kind::Postgres => "an operator runs snowid_handover()".into(),
@@ -1147,6 +1255,13 @@ fn readable(model: &Protocol, path: &Path<State, Action>) -> String {
             NAMES[s]
         );
     }
+    if let Some((s, ms)) = last.backwards {
+        let _ = writeln!(
+            text,
+            "  => server {} issued an id of millisecond {ms}, below an id it issued before",
+            NAMES[s]
+        );
+    }
     text
 }
 
@@ -1175,6 +1290,34 @@ fn holds(kind: Kind) {
 #[test]
 fn no_id_twice_with_the_lease_table_on_the_server() {
     holds(Kind::OnTheServer);
+}
+
+/// With `snowid.any_worker_id` one server issues, through a restart of its machine and a clock
+/// set right: a fault more than the other runs, so that both fit.
+fn any_worker_id_bound() -> Bound {
+    Bound {
+        faults: bound().faults + 1,
+        ..bound()
+    }
+}
+
+#[test]
+fn a_servers_ids_increase_with_any_worker_id_through_restarts_of_its_machine() {
+    let report = check(Kind::AnyWorkerId, any_worker_id_bound(), &[], false);
+    for invariant in ["I1", "I2", "I3"] {
+        assert!(!report.contains(invariant), "{report}");
+    }
+}
+
+#[test]
+fn finds_a_reboot_with_any_worker_id_that_took_another_worker_id_below_its_ids() {
+    let report = check(
+        Kind::AnyWorkerId,
+        any_worker_id_bound(),
+        &[Defect::OtherWorkerCeilingIgnored],
+        true,
+    );
+    assert!(report.contains("I2: a server's ids increase"), "{report}");
 }
 
 #[test]

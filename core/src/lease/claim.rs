@@ -198,10 +198,10 @@ pub fn carries_on(granted: &Granted, carried: Option<Carried>) -> bool {
 /// whichever it is given); `None` leaves the generator as it is.
 pub fn floor_of_grant(granted: &Granted, past: &OwnPast) -> Option<u64> {
     let floor = floor_under_worker_id(granted, past)?;
-    Some(
-        past.other_worker_ceiling_ms
-            .map_or(floor, |ceiling| floor.max(ceiling)),
-    )
+    let other_worker_ceiling_ms = past
+        .other_worker_ceiling_ms
+        .filter(|_| !defects::on(Defect::OtherWorkerCeilingIgnored));
+    Some(other_worker_ceiling_ms.map_or(floor, |ceiling| floor.max(ceiling)))
 }
 
 fn floor_under_worker_id(granted: &Granted, past: &OwnPast) -> Option<u64> {
