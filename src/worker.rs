@@ -95,9 +95,8 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     let timing = gucs::lease_timing();
     let me_holder = me.holder.clone();
     // Only where the registry chooses the worker id (see `keep_for_the_next_boot`).
-    let next_boot_file = (!registry.is_local() && configured.is_none()).then(|| {
-        ceiling::in_data_directory(Path::new(&server::server_identity().data_directory))
-    });
+    let next_boot_file = (!registry.is_local() && configured.is_none())
+        .then(|| ceiling::in_data_directory(Path::new(&server::server_identity().data_directory)));
     let own = |file: &Option<PathBuf>| {
         file.as_deref()
             .and_then(Ceiling::read)
@@ -133,11 +132,11 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
     match (run, run_lock) {
         (Some(Ok(Some(held))), _) => worker.run = Some(held),
         (Some(Ok(None)), Some(path)) => warning!(
-            "snowid lease worker: another process holds {}, the lock of this server's runs: a run before this one still lives (another postmaster on this data directory, from other process and IPC namespaces?); this run does not carry a lease on, and claims as a new run of the server",
+            "snowid lease worker: another process holds {}, the lock of this server's runs: another run of this server lives (another postmaster on this data directory, from other process and IPC namespaces?); this run carries no lease of a run before on",
             path.display()
         ),
-        (Some(Err(error)), Some(path)) => log!(
-            "snowid lease worker could not lock {}: {error}; this run does not carry a lease on",
+        (Some(Err(error)), Some(path)) => warning!(
+            "snowid lease worker could not lock {}: {error}; this run carries no lease of a run before on, and a crash restart waits for its lease to run out",
             path.display()
         ),
         _ => {}

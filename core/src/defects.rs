@@ -20,7 +20,7 @@ pub enum Defect {
     ReleasedRowTakenByACopy = 16,
     /// 0.8.0: a renewal whose first answer was lost applied no floor.
     RenewalWithoutFloor = 4,
-    /// 0.9.0: etcd, a take was not judged again after its transaction, and etcd restored between
+    /// 0.9.0: etcd, a grant was not judged again after its transaction, and etcd restored between
     /// the claim's judgement of its history and its read of the keys went unnoticed. The judgement
     /// lives in the extension's etcd transport (`claims.rs` `try_claim`): the switch is in the
     /// model checker's re-statement of it.

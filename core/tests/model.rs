@@ -535,8 +535,9 @@ impl Protocol {
             mark,
             revision: state.etcd.revision + 1,
         };
-        // A take counts only where etcd, judged again after it, did not go back meanwhile.
-        if !renewal
+        // A grant other than by the claimant's word counts only where etcd, judged again after
+        // it, did not go back meanwhile.
+        if sent.held_mark.is_none()
             && !defects::on(Defect::TakeUnjudgedAfterRestore)
             && Self::etcd_holds_back(state, sent)
         {

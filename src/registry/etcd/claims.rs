@@ -317,7 +317,9 @@ impl Etcd {
                     registry_ms,
                 };
                 let holder = match self.renew(&snapshot, renewal, holder, budget)? {
-                    ControlFlow::Break(answer) => return Ok(answer),
+                    ControlFlow::Break(answer) => {
+                        return self.judged_again(worker_id, request, budget, answer)
+                    }
                     ControlFlow::Continue(holder) => holder,
                 };
                 // The etcd lease ran out (etcd itself was down longer than it): take the key
@@ -340,17 +342,7 @@ impl Etcd {
             }
         };
         let taken = self.take(worker_id, &snapshot, request, new_mark_ms, holder, budget)?;
-        // The epoch was judged before the keys were read, and etcd may have been restored since,
-        // within this claim: a take counts only where etcd, judged again after it, shows the
-        // history the take was written in did not go back (as the PostgreSQL registry judges its
-        // epoch in the grant's own transaction). Otherwise its keys stay unused until their etcd
-        // lease runs out.
-        if let Taken::Keys { renewal: false, .. } = taken {
-            if let Some(held_back) = self.hold_back(Some(worker_id), request, budget)? {
-                return Ok(Some(held_back));
-            }
-        }
-        Ok(match taken {
+        let answer = match taken {
             Taken::Raced => None,
             Taken::Keys {
                 ttl_s,
@@ -372,7 +364,34 @@ impl Etcd {
             Taken::LeaseRuns { left_s } => {
                 Some(refused_answer(worker_id, None, registry_ms, left_s))
             }
-        })
+        };
+        self.judged_again(worker_id, request, budget, answer)
+    }
+
+    /// `answer` to a claim of `worker_id`, judged again where it grants the worker id other than by
+    /// the claimant's word. The epoch was judged before the keys were read, and etcd may have been
+    /// restored since, within this claim: a grant counts only where etcd, judged again after its
+    /// transaction, shows that the history it was written in did not go back (as the PostgreSQL
+    /// registry judges its epoch in the grant's own transaction). Otherwise the claim is held
+    /// back as any claim in a new epoch, and the keys it wrote stay unused until their etcd lease
+    /// runs out. A holder's renewal by its word is what an epoch lets through anyway.
+    fn judged_again(
+        &mut self,
+        worker_id: u16,
+        request: &Request,
+        budget: Instant,
+        answer: Option<Answer>,
+    ) -> Result<Option<Answer>, Failure> {
+        let by_word = request.held.is_some_and(|held| held.worker_id == worker_id);
+        let granted = answer
+            .as_ref()
+            .is_some_and(|answer| matches!(answer.verdict, Verdict::Granted(_)));
+        if granted && !by_word {
+            if let Some(held_back) = self.hold_back(Some(worker_id), request, budget)? {
+                return Ok(Some(held_back));
+            }
+        }
+        Ok(answer)
     }
 
     /// Keeps the etcd lease of a worker id this run holds alive and raises its mark: the answer, or
@@ -740,6 +759,45 @@ mod tests {
         let answer = claim(&mut node1, "pg@node1");
         // A's keys were written, but it issues nothing under them: B may issue under worker id 5
         // until its etcd lease, lost with the restore, would have run out.
+        let etcd_unix_ms = super::super::gateway::http_date_unix_ms(super::super::fake::DATE);
+        assert_eq!(
+            answer.verdict,
+            Verdict::Unsettled {
+                until: etcd_unix_ms.unwrap() + 1000 + 30_000
+            }
+        );
+        assert_eq!(worker_key(&fake), Some(("pg@node1".into(), lease())));
+    }
+
+    #[test]
+    fn a_renewal_on_an_etcd_restored_after_its_epoch_was_judged_is_held_back() {
+        let fake = FakeEtcd::start();
+        let mut fleet = etcd(&fake);
+        let first = fleet
+            .claim(Some(9), &request("pg@node9"), budget())
+            .unwrap();
+        assert!(matches!(first.verdict, Verdict::Granted(_)));
+        // A takes worker id 5; a snapshot; A is held up past its lease, which runs out, and B
+        // takes worker id 5.
+        let mut node1 = etcd(&fake);
+        assert!(matches!(
+            claim(&mut node1, "pg@node1").verdict,
+            Verdict::Granted(_)
+        ));
+        let with_a = fake.snapshot();
+        fake.expire(lease());
+        assert!(matches!(
+            claim(&mut fleet, "pg@node2").verdict,
+            Verdict::Granted(_)
+        ));
+        // A claims again, no longer issuing (no word); etcd is restored from the snapshot after
+        // A judged its history, before A reads the keys, which are A's own again, their etcd
+        // lease back with its whole time-to-live.
+        let restoring = fake.clone();
+        fake.before("/v3/kv/txn", "/x/workers/5", move || {
+            restoring.restore(&with_a)
+        });
+        let answer = claim(&mut node1, "pg@node1");
         let etcd_unix_ms = super::super::gateway::http_date_unix_ms(super::super::fake::DATE);
         assert_eq!(
             answer.verdict,

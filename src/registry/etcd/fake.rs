@@ -145,6 +145,17 @@ impl FakeEtcd {
         self.state().leases.insert(lease, ttl_s);
     }
 
+    /// `lease` runs out, and the keys bound to it go.
+    pub fn expire(&self, lease: i64) {
+        let mut state = self.state();
+        state.leases.remove(&lease);
+        let before = state.kvs.len();
+        state.kvs.retain(|_, kv| kv.lease != lease);
+        if state.kvs.len() != before {
+            state.revision += 1;
+        }
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let state = self.state();
         Snapshot {

@@ -1799,9 +1799,9 @@ pub fn assert_a_crash_restart(node: &Node, while_down: WhileDown) -> Duration {
     let still_lives = log
         .matches(&format!(
             "WARNING:  snowid lease worker: another process holds {}, the lock of this server's \
-             runs: a run before this one still lives (another postmaster on this data directory, \
-             from other process and IPC namespaces?); this run does not carry a lease on, and \
-             claims as a new run of the server",
+             runs: another run of this server lives (another postmaster on this data directory, \
+             from other process and IPC namespaces?); this run carries no lease of a run before \
+             on",
             ceiling.with_extension("run").display()
         ))
         .count();

@@ -488,8 +488,11 @@ fn fleet_through_an_etcd_restore(
 #[test]
 fn a_take_that_meets_etcd_restored_after_it_judged_the_epoch_is_held_back_beside_the_holder() {
     const TTL_S: u64 = 30;
+    // B's longer lease keeps its renewals, which put its keys back by its word, out of the restore.
+    const B_TTL_S: u64 = 60;
     const CALL_EVERY: Duration = Duration::from_millis(1);
     let renew_every = Duration::from_secs(TTL_S / 3);
+    let b_renew_every = Duration::from_secs(B_TTL_S / 3);
     let dir = directory("restored-within-a-claim");
     let mut etcd = EtcdCluster::start(&dir, 1, None);
     etcd.write_other_keys();
@@ -498,7 +501,7 @@ fn a_take_that_meets_etcd_restored_after_it_judged_the_epoch_is_held_back_beside
     // A node of another worker id records the epoch; the snapshot; then B takes worker id 5.
     let _c = node("restored-c", Some(9), &registry, TTL_S as u32);
     etcd.save_snapshot(&snapshot);
-    let b = node("restored-b", Some(5), &registry, TTL_S as u32);
+    let b = node("restored-b", Some(5), &registry, B_TTL_S as u32);
     let mut on_b = b.cluster.connect();
     // A reaches etcd only through the proxies, which hold its claim after its epoch's judgement.
     let proxy = HoldingProxy::start(&etcd.endpoints(), 5);
@@ -508,6 +511,14 @@ fn a_take_that_meets_etcd_restored_after_it_judged_the_epoch_is_held_back_beside
         Some(5),
         &format!("etcd://{}/snowid", proxy.endpoints()),
         &[&ttl],
+    );
+    // Right after a renewal of B's.
+    let b_window = Duration::from_millis(B_TTL_S * 1000 * 5 / 6);
+    let b_renewed = wait_every(
+        "B renews",
+        b_renew_every + Duration::from_secs(5),
+        Duration::from_millis(10),
+        || seen(&mut on_b).left_s > (b_window - Duration::from_millis(300)).as_secs_f64(),
     );
     let b_before = seen(&mut on_b);
     let (b_calls, (a, a_calls, a_answer, b_after)) = calls_every(CALL_EVERY, &[&b], |_| {
@@ -521,11 +532,17 @@ fn a_take_that_meets_etcd_restored_after_it_judged_the_epoch_is_held_back_beside
         etcd.restore_snapshot(&snapshot);
         assert_eq!(etcd.get("/snowid/workers/5"), None, "B's keys came back");
         proxy.release();
-        // Within the claim's budget (a third of the lease), so that the same claim takes.
+        // Within A's claim's budget (a third of its lease), so that the same claim takes, and
+        // before B's next renewal.
         assert!(
             held.elapsed() < renew_every - Duration::from_secs(2),
             "the restore took {:?}",
             held.elapsed()
+        );
+        assert!(
+            b_renewed.elapsed() < b_renew_every - Duration::from_secs(2),
+            "released {:?} after B's renewal",
+            b_renewed.elapsed()
         );
         let mut on_a = a.cluster.connect();
         let (a_calls, (a_answer, b_after)) = calls_every(CALL_EVERY, &[&a], |_| {
@@ -546,7 +563,7 @@ fn a_take_that_meets_etcd_restored_after_it_judged_the_epoch_is_held_back_beside
                 &mut on_b,
                 &b_before,
                 "B's renewal after the restore",
-                renew_every + Duration::from_secs(5),
+                b_renew_every + Duration::from_secs(5),
             );
             std::thread::sleep(Duration::from_secs(1));
             (a_answer, b_after)
