@@ -629,7 +629,7 @@ fn refused_answer(
 
 #[cfg(test)]
 mod tests {
-    use super::super::fake::FakeEtcd;
+    use super::super::fake::{FakeEtcd, Snapshot};
     use super::super::setting::Setting;
     use super::*;
     use crate::layout::EPOCH_UNIX_MS;
@@ -671,6 +671,35 @@ mod tests {
 
     fn claim(etcd: &mut Etcd, holder: &'static str) -> Answer {
         etcd.claim(Some(5), &request(holder), budget()).unwrap()
+    }
+
+    /// A client of `fake` once another server's claim of worker id 9 recorded the epoch.
+    fn in_use(fake: &FakeEtcd) -> Etcd {
+        let mut fleet = etcd(fake);
+        let first = fleet
+            .claim(Some(9), &request("pg@node9"), budget())
+            .unwrap();
+        assert!(matches!(first.verdict, Verdict::Granted(_)));
+        fleet
+    }
+
+    /// `pg@node1`'s claim of worker id 5 through `node1`, with etcd restored from `snapshot` after
+    /// the claim judged its history settled and before it reads the keys.
+    fn claim_across_a_restore(fake: &FakeEtcd, node1: &mut Etcd, snapshot: Snapshot) -> Answer {
+        let restoring = fake.clone();
+        fake.before("/v3/kv/txn", "/x/workers/5", move || {
+            restoring.restore(&snapshot)
+        });
+        claim(node1, "pg@node1")
+    }
+
+    /// A claim held back by the epoch that etcd's history going back begins: a 30 s lease and a
+    /// second past etcd's clock.
+    fn held_back_for_a_lease() -> Verdict {
+        let etcd_unix_ms = super::super::gateway::http_date_unix_ms(super::super::fake::DATE);
+        Verdict::Unsettled {
+            until: etcd_unix_ms.unwrap() + 1000 + 30_000,
+        }
     }
 
     fn lease() -> i64 {
@@ -738,45 +767,25 @@ mod tests {
     #[test]
     fn a_take_on_an_etcd_restored_after_its_epoch_was_judged_is_held_back() {
         let fake = FakeEtcd::start();
-        // A registry in use, its epoch recorded; a snapshot; then server B takes worker id 5.
-        let mut fleet = etcd(&fake);
-        let first = fleet
-            .claim(Some(9), &request("pg@node9"), budget())
-            .unwrap();
-        assert!(matches!(first.verdict, Verdict::Granted(_)));
+        // A snapshot of a registry in use; then server B takes worker id 5.
+        let mut fleet = in_use(&fake);
         let before_b = fake.snapshot();
         assert!(matches!(
             claim(&mut fleet, "pg@node2").verdict,
             Verdict::Granted(_)
         ));
-        // Server A judges the epoch settled; etcd is restored from the snapshot before A reads
-        // worker id 5's keys, which B's take is lost from.
-        let restoring = fake.clone();
-        fake.before("/v3/kv/txn", "/x/workers/5", move || {
-            restoring.restore(&before_b)
-        });
-        let mut node1 = etcd(&fake);
-        let answer = claim(&mut node1, "pg@node1");
-        // A's keys were written, but it issues nothing under them: B may issue under worker id 5
-        // until its etcd lease, lost with the restore, would have run out.
-        let etcd_unix_ms = super::super::gateway::http_date_unix_ms(super::super::fake::DATE);
-        assert_eq!(
-            answer.verdict,
-            Verdict::Unsettled {
-                until: etcd_unix_ms.unwrap() + 1000 + 30_000
-            }
-        );
+        // Server A's claim, across a restore that loses B's take. A's keys are written, but it
+        // issues nothing under them: B may issue under worker id 5 until its etcd lease, lost with
+        // the restore, would have run out.
+        let answer = claim_across_a_restore(&fake, &mut etcd(&fake), before_b);
+        assert_eq!(answer.verdict, held_back_for_a_lease());
         assert_eq!(worker_key(&fake), Some(("pg@node1".into(), lease())));
     }
 
     #[test]
     fn a_renewal_on_an_etcd_restored_after_its_epoch_was_judged_is_held_back() {
         let fake = FakeEtcd::start();
-        let mut fleet = etcd(&fake);
-        let first = fleet
-            .claim(Some(9), &request("pg@node9"), budget())
-            .unwrap();
-        assert!(matches!(first.verdict, Verdict::Granted(_)));
+        let mut fleet = in_use(&fake);
         // A takes worker id 5; a snapshot; A is held up past its lease, which runs out, and B
         // takes worker id 5.
         let mut node1 = etcd(&fake);
@@ -790,21 +799,10 @@ mod tests {
             claim(&mut fleet, "pg@node2").verdict,
             Verdict::Granted(_)
         ));
-        // A claims again, no longer issuing (no word); etcd is restored from the snapshot after
-        // A judged its history, before A reads the keys, which are A's own again, their etcd
-        // lease back with its whole time-to-live.
-        let restoring = fake.clone();
-        fake.before("/v3/kv/txn", "/x/workers/5", move || {
-            restoring.restore(&with_a)
-        });
-        let answer = claim(&mut node1, "pg@node1");
-        let etcd_unix_ms = super::super::gateway::http_date_unix_ms(super::super::fake::DATE);
-        assert_eq!(
-            answer.verdict,
-            Verdict::Unsettled {
-                until: etcd_unix_ms.unwrap() + 1000 + 30_000
-            }
-        );
+        // A claims again, no longer issuing (no word), across a restore that gives A its own keys
+        // back, their etcd lease with its whole time-to-live.
+        let answer = claim_across_a_restore(&fake, &mut node1, with_a);
+        assert_eq!(answer.verdict, held_back_for_a_lease());
         assert_eq!(worker_key(&fake), Some(("pg@node1".into(), lease())));
     }
 

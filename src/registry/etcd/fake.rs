@@ -147,13 +147,7 @@ impl FakeEtcd {
 
     /// `lease` runs out, and the keys bound to it go.
     pub fn expire(&self, lease: i64) {
-        let mut state = self.state();
-        state.leases.remove(&lease);
-        let before = state.kvs.len();
-        state.kvs.retain(|_, kv| kv.lease != lease);
-        if state.kvs.len() != before {
-            state.revision += 1;
-        }
+        self.state().end_lease(lease);
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -270,26 +264,10 @@ impl State {
                     }
                 }
             }
-            "/v3/lease/revoke" => {
-                let lease = id(body);
-                if self.leases.remove(&lease).is_some() {
-                    let bound: Vec<String> = self
-                        .kvs
-                        .iter()
-                        .filter(|(_, kv)| kv.lease == lease)
-                        .map(|(key, _)| key.clone())
-                        .collect();
-                    if !bound.is_empty() {
-                        self.revision += 1;
-                    }
-                    for key in bound {
-                        self.kvs.remove(&key);
-                    }
-                    Ok(json!({}))
-                } else {
-                    Err((5, "etcdserver: requested lease not found"))
-                }
-            }
+            "/v3/lease/revoke" => match self.end_lease(id(body)) {
+                true => Ok(json!({})),
+                false => Err((5, "etcdserver: requested lease not found")),
+            },
             "/v3/lease/keepalive" => {
                 let lease = id(body);
                 let ttl_s = self.leases.get(&lease).copied().unwrap_or(0);
@@ -325,6 +303,19 @@ impl State {
                 json!({"error": message, "code": code, "message": message}),
             ),
         }
+    }
+
+    /// Ends `lease`, deleting the keys bound to it in one revision; false when it did not exist.
+    fn end_lease(&mut self, lease: i64) -> bool {
+        if self.leases.remove(&lease).is_none() {
+            return false;
+        }
+        let before = self.kvs.len();
+        self.kvs.retain(|_, kv| kv.lease != lease);
+        if self.kvs.len() != before {
+            self.revision += 1;
+        }
+        true
     }
 
     fn range(&self, body: &Value) -> Value {
