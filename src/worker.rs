@@ -74,21 +74,20 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         return stop(state, None);
     };
     let configured = gucs::worker_id();
+    let memory = ceiling::memory_directory();
     // With a shared registry or etcd, in memory for the boot of the machine (see `ceiling`).
-    let ceiling_file = match registry.is_local() {
-        true => Some(ceiling::in_data_directory(Path::new(
+    let ceiling_file = match (registry.is_local(), &memory) {
+        (true, _) => Some(ceiling::in_data_directory(Path::new(
             &server::server_identity().data_directory,
         ))),
-        false => match ceiling::memory_directory() {
-            Ok(directory) => Some(ceiling::in_memory(&directory, &me.holder)),
-            Err(why) => {
-                warning!("snowid lease worker keeps no ceiling: {why}; {KEEPS_NONE}");
-                None
-            }
-        },
+        (false, Ok(directory)) => Some(ceiling::in_memory(directory, &me.holder)),
+        (false, Err(why)) => {
+            warning!("snowid lease worker keeps no ceiling: {why}; {KEEPS_NONE}");
+            None
+        }
     };
-    let run_lock = match (registry.is_local(), ceiling::memory_directory()) {
-        (false, Ok(directory)) => Some(ceiling::run_lock(&directory, &me.holder)),
+    let run_lock = match (registry.is_local(), &memory) {
+        (false, Ok(directory)) => Some(ceiling::run_lock(directory, &me.holder)),
         _ => None,
     };
     let run = run_lock.as_deref().map(ceiling::lock_the_run);
@@ -123,7 +122,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
         holding: None,
         slowness: Slowness::default(),
         clock: Look::Following,
-        clock_file: ceiling::memory_directory()
+        clock_file: memory
             .ok()
             .map(|directory| directory.join(format!("{}.clock", me_holder))),
         clock_saved_ms: 0,
