@@ -1,7 +1,8 @@
 -- snowid 0.9.0 to 0.10.0: the lease functions call the grant rule in snowid's library
 -- (snowid_core::grant), which the etcd registry and the model checker run too; they keep their names
 -- and arguments, so that nodes of 0.9.0 and earlier claim from an updated registry as before.
--- snowid_handover() is an error in a database that holds no registry.
+-- snowid_handover() is an error in a database that holds no registry. snowid.lease_claim_any() claims
+-- the next free worker id when the one it read as free was renewed by its holder before its claim.
 
 CREATE FUNCTION snowid.grant_decide(
     lease snowid.worker_lease, holder text, incarnation text, takeover_on_expiry boolean,
@@ -118,6 +119,64 @@ BEGIN
     RETURNING l.high_water_ms, l.holder_name, (extract(epoch FROM l.expires_at) * 1000)::bigint,
               (extract(epoch FROM l.acquired_at) * 1000000)::bigint
          INTO reserved_until_ms, holder_name, expires_at_unix_ms, tenure;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION snowid.lease_claim_any(
+    p_holder text, p_incarnation text, p_holder_name text, p_ttl_ms bigint, p_reserve_until_ms bigint,
+    p_timeline bigint, p_held_worker_id integer, p_known_mark_ms bigint,
+    OUT worker_id integer, OUT granted boolean, OUT floor_ms bigint, OUT reserved_until_ms bigint,
+    OUT holder_name text, OUT expires_at_unix_ms bigint, OUT continued boolean,
+    OUT renewal boolean, OUT released boolean, OUT tenure bigint, OUT fenced boolean)
+LANGUAGE plpgsql STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    own boolean;
+    held_since integer[] := '{}';
+BEGIN
+    fenced := false;
+    IF p_held_worker_id BETWEEN 0 AND 1023 THEN
+        worker_id := p_held_worker_id;
+    ELSE
+        SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+         WHERE l.holder = p_holder
+           AND (l.incarnation IS NOT DISTINCT FROM p_incarnation OR l.expires_at <= clock_timestamp())
+         ORDER BY l.worker_id LIMIT 1;
+    END IF;
+    own := worker_id IS NOT NULL;
+    LOOP
+        IF worker_id IS NULL THEN
+            LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
+            SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+             WHERE (l.holder IS NULL OR l.expires_at <= clock_timestamp())
+               AND l.worker_id <> ALL (held_since)
+             ORDER BY l.worker_id LIMIT 1;
+        END IF;
+        IF worker_id IS NULL THEN
+            SELECT min(free.id) INTO worker_id FROM generate_series(0, 1023) AS free(id)
+             WHERE NOT EXISTS (SELECT FROM snowid.worker_lease l WHERE l.worker_id = free.id)
+               AND free.id <> ALL (held_since);
+        END IF;
+        IF worker_id IS NULL THEN
+            granted := false;
+            holder_name := 'other servers (all 1024 worker ids are leased)';
+            RETURN;
+        END IF;
+        SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
+               c.continued, c.renewal, c.released, c.tenure, c.fenced
+          INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
+               continued, renewal, released, tenure, fenced
+          FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                                  p_reserve_until_ms, true, p_timeline,
+                                  worker_id = p_held_worker_id, p_known_mark_ms) c;
+        -- A free row that its holder renewed (or another server took) before the claim locked it
+        -- is held again: the next free one is claimed instead.
+        EXIT WHEN own OR granted OR fenced OR released OR holder_name IS NULL;
+        held_since := held_since || worker_id;
+        worker_id := NULL;
+    END LOOP;
 END
 $$;
 

@@ -373,7 +373,8 @@ $$;
 -- Acquires a lease on any worker id, for servers of a shared registry that do not name one: the
 -- one this run of the server holds already (p_held_worker_id, by its word, or else by its row;
 -- -1 for none), else the lowest one free or expired, else the lowest never used (a row that
--- another run of this server holds is no one's to take while it runs).
+-- another run of this server holds is no one's to take while it runs); a row renewed between its
+-- read and its claim is passed over for the next.
 -- Servers picking a new one take turns, on a lock of the table that renewals never wait for and
 -- that only the roles allowed to claim can take.
 -- p_known_mark_ms and fenced are lease_claim's.
@@ -387,6 +388,9 @@ LANGUAGE plpgsql STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    own boolean;
+    held_since integer[] := '{}';
 BEGIN
     fenced := false;
     IF p_held_worker_id BETWEEN 0 AND 1023 THEN
@@ -397,27 +401,38 @@ BEGIN
            AND (l.incarnation IS NOT DISTINCT FROM p_incarnation OR l.expires_at <= clock_timestamp())
          ORDER BY l.worker_id LIMIT 1;
     END IF;
-    IF worker_id IS NULL THEN
-        LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
-        SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
-         WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp() ORDER BY l.worker_id LIMIT 1;
-    END IF;
-    IF worker_id IS NULL THEN
-        SELECT min(free.id) INTO worker_id FROM generate_series(0, 1023) AS free(id)
-         WHERE NOT EXISTS (SELECT FROM snowid.worker_lease l WHERE l.worker_id = free.id);
-    END IF;
-    IF worker_id IS NULL THEN
-        granted := false;
-        holder_name := 'other servers (all 1024 worker ids are leased)';
-        RETURN;
-    END IF;
-    SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
-           c.continued, c.renewal, c.released, c.tenure, c.fenced
-      INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
-           continued, renewal, released, tenure, fenced
-      FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
-                              p_reserve_until_ms, true, p_timeline,
-                              worker_id = p_held_worker_id, p_known_mark_ms) c;
+    own := worker_id IS NOT NULL;
+    LOOP
+        IF worker_id IS NULL THEN
+            LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
+            SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
+             WHERE (l.holder IS NULL OR l.expires_at <= clock_timestamp())
+               AND l.worker_id <> ALL (held_since)
+             ORDER BY l.worker_id LIMIT 1;
+        END IF;
+        IF worker_id IS NULL THEN
+            SELECT min(free.id) INTO worker_id FROM generate_series(0, 1023) AS free(id)
+             WHERE NOT EXISTS (SELECT FROM snowid.worker_lease l WHERE l.worker_id = free.id)
+               AND free.id <> ALL (held_since);
+        END IF;
+        IF worker_id IS NULL THEN
+            granted := false;
+            holder_name := 'other servers (all 1024 worker ids are leased)';
+            RETURN;
+        END IF;
+        SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
+               c.continued, c.renewal, c.released, c.tenure, c.fenced
+          INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
+               continued, renewal, released, tenure, fenced
+          FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                                  p_reserve_until_ms, true, p_timeline,
+                                  worker_id = p_held_worker_id, p_known_mark_ms) c;
+        -- A free row that its holder renewed (or another server took) before the claim locked it
+        -- is held again: the next free one is claimed instead.
+        EXIT WHEN own OR granted OR fenced OR released OR holder_name IS NULL;
+        held_since := held_since || worker_id;
+        worker_id := NULL;
+    END LOOP;
 END
 $$;
 

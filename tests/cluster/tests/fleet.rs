@@ -35,10 +35,9 @@ use snowid_cluster_tests::ids::{millis_of, unix_ms, unix_ms_of, worker_of};
 use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, calls_every,
-    calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids, new_holder_wait_ms,
-    no_registry_here, query_pair,
-    query_value, signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call,
-    Cluster, Node, WhileDown, NEW_REGISTRY,
+    calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids,
+    new_holder_wait_ms, no_registry_here, query_pair, query_value, signal_all, wait_for,
+    wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node, WhileDown, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -711,6 +710,81 @@ fn registry_roles_with_least_privilege_keep_their_own_leases_and_touch_no_other(
         .get(0);
     assert_eq!(released, Some(true));
     assert_eq!(lease_row(&mut admin, 8).4, 5000);
+}
+
+/// A server leasing any worker id reads worker id 0's row as run out while its holder renews it
+/// late: the claim waits for that renewal and then takes worker id 1, where it was refused naming
+/// the holder of 0 with the message of two servers configured with one worker id (seen while the
+/// holders of a restored registry renewed, in `restore.rs`'s recovery to a point in time).
+#[test]
+fn a_server_leasing_any_worker_id_takes_the_next_one_when_the_row_it_read_as_free_is_renewed() {
+    let registry = Cluster::start("pick-race", &[]);
+    let mut admin = registry.connect();
+    admin.batch_execute(NEW_REGISTRY).unwrap();
+    admin
+        .batch_execute(
+            "SET snowid_lease.writing = on;
+             INSERT INTO snowid.worker_lease
+                    (worker_id, holder, incarnation, holder_name, expires_at, high_water_ms, holder_role)
+             VALUES (0, 'holder', 'run', 'holder@db0:5432', clock_timestamp() - interval '1 second',
+                     1000, 'postgres')",
+        )
+        .unwrap();
+    let mut renewal = registry.connect();
+    let mut open = renewal.transaction().unwrap();
+    let renewed: (Option<bool>, Option<bool>) = open
+        .query_one(
+            "SELECT granted, renewal \
+             FROM snowid.lease_claim(0, 'holder', 'run', 'holder@db0:5432', 3000, 0, true, 1, false, 1000)",
+            &[],
+        )
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!(renewed, (Some(true), Some(true)));
+    let picked = std::thread::scope(|scope| {
+        let picker = scope.spawn(|| {
+            let row = registry
+                .connect_named("picking")
+                .query_one(
+                    "SELECT worker_id, granted, holder_name \
+                     FROM snowid.lease_claim_any('picker', 'run', 'picker@db1:5432', 3000, 0, 1, -1, -1)",
+                    &[],
+                )
+                .unwrap();
+            (row.get::<_, Option<i32>>(0), row.get::<_, Option<bool>>(1), row.get::<_, Option<String>>(2))
+        });
+        wait_for(
+            "the pick to wait for the renewal's lock on worker id 0",
+            Duration::from_secs(10),
+            || {
+                query_value::<i64>(
+                    &mut admin,
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE application_name = 'picking' AND wait_event_type = 'Lock'",
+                ) == 1
+            },
+        );
+        open.commit().unwrap();
+        picker.join().unwrap()
+    });
+    assert_eq!(
+        picked,
+        (Some(1), Some(true), Some("picker@db1:5432".to_string()))
+    );
+    let holders: Vec<(i32, String)> = admin
+        .query(
+            "SELECT worker_id, holder FROM snowid.worker_lease \
+             WHERE expires_at > clock_timestamp() ORDER BY worker_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(
+        holders,
+        [(0, "holder".to_string()), (1, "picker".to_string())]
+    );
 }
 
 /// How many rows of the lease table `client` reads.
@@ -1464,7 +1538,9 @@ fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() 
     let holders: Vec<Option<String>> = [6, 0].map(|w| lease_row(&mut admin, w).0).into();
     let (calls, ()) = calls_during(&[&fixed, &any], |_| {
         await_two_renewals(&mut admin, 6, &holders[0]);
-        admin.batch_execute("ALTER EXTENSION snowid UPDATE").unwrap();
+        admin
+            .batch_execute("ALTER EXTENSION snowid UPDATE")
+            .unwrap();
         let updated: bool = query_value(
             &mut admin,
             "SELECT e.extversion = a.default_version FROM pg_extension e \
@@ -1478,7 +1554,11 @@ fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() 
         let results: Vec<_> = calls.iter().map(|call| call.result.clone()).collect();
         let ids = increasing_ids(&results, &node.name);
         assert_eq!(ids.len(), calls.len(), "{}: every call issued", node.name);
-        assert!(ids.iter().all(|&id| worker_of(id) == worker_id), "{}", node.name);
+        assert!(
+            ids.iter().all(|&id| worker_of(id) == worker_id),
+            "{}",
+            node.name
+        );
     }
     distinct_ids(calls.iter().flatten());
     // On a node, whose leases are in the registry, a handover is an error naming the database.
