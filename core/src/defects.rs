@@ -29,6 +29,10 @@ pub enum Defect {
     /// last issued under started above that worker id's mark only, not above the server's own
     /// ids: after a restart of the machine and a clock set back, its ids went back.
     OtherWorkerCeilingIgnored = 64,
+    /// 0.8.0: a change of the gate (a new grant, a closing) did not fence a claim that had read
+    /// the gate before it: a caller held between its look and its swap issued under a grant no
+    /// longer in force, or above the bound a closing answered.
+    GateChangeUnfenced = 128,
     /// 0.7.0: a PostgreSQL registry restored from a backup began no epoch (`snowid.registry_epoch`
     /// since 0.8.0). The switch is in the model checker, as above.
     RestoreUnnoticed = 8,

@@ -24,10 +24,10 @@
 //! where it is refused.
 
 use crate::clock::{Clock, SystemClock};
+use crate::defects::{self, Defect};
 use crate::layout::{self, IDS_PER_MILLI, MAX_MILLIS, MAX_WORKER_ID, WORKER_ID_BITS};
 use crate::refusals::{Refusal, Refusals};
 use crate::trusted_clock::{TrustedClock, TrustedOffset};
-use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -51,6 +51,14 @@ fn word_stamp(word: u64) -> u64 {
 
 fn word_generation(word: u64) -> u64 {
     word >> GENERATION_SHIFT
+}
+
+/// The generation a gate change moves the word on to.
+fn next_generation(word: u64) -> u64 {
+    if defects::on(Defect::GateChangeUnfenced) {
+        return word_generation(word);
+    }
+    (word_generation(word) + 1) & GENERATION_MASK
 }
 
 fn with_generation(stamp: u64, generation: u64) -> u64 {
@@ -105,7 +113,7 @@ pub trait Waiter {
 }
 
 /// Consecutive stamps of one millisecond, claimed together under one worker id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StampRun {
     pub first: u64,
     pub count: u32,
@@ -116,6 +124,28 @@ impl StampRun {
     pub fn last(&self) -> u64 {
         self.first + u64::from(self.count) - 1
     }
+}
+
+/// What one look at the stamp word, the clocks and the gate finds (`IssuingState::look`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// Stamps to claim with `IssuingState::swap`.
+    Claim(Pending),
+    /// Every sequence of the millisecond of `last`, the last stamp, is taken.
+    NextMilli { last: u64 },
+    /// The clock reads `by_ms` earlier than the millisecond of `last`.
+    ClockBehind { last: u64, by_ms: u64 },
+    /// The lease worker is between the two writes of a gate change.
+    GateChanging { until_deadline: Duration },
+    /// The clock reached the reservation, which the lease worker moves on.
+    AtCeiling { until_deadline: Duration },
+}
+
+/// A claim looked at and not yet swapped in: the stamp word it read, and the stamps it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pending {
+    word: u64,
+    run: StampRun,
 }
 
 /// What the clock and the last stamp allow right now.
@@ -239,20 +269,29 @@ impl IssuingState {
             // Time spent waiting is read before the wall clock, so that a caller paused between the
             // two reads sees the wall clock move on rather than taking the pause for a stuck clock.
             let waited = overflow_wait.map(|(_, since)| elapsed(clock, since));
-            // The word before the clock: the other way round, a caller paused between the two reads
-            // would see stamps newer than its clock reading and take that for a step back.
-            let word = self.last_stamp.load(Ordering::Acquire);
-            let last = word_stamp(word);
-            let (now, monotonic_ns) = clock_readings(clock)?;
-            match next(last, now, wanted) {
-                Next::Take(run) => {
-                    if let ControlFlow::Break(issued) =
-                        self.try_take(waiter, word, (now, monotonic_ns), run, &mut ceiling_poll)
-                    {
-                        return issued;
+            match self.look(clock, wanted)? {
+                Look::Claim(pending) => {
+                    if let Some(run) = self.swap(pending) {
+                        return Ok(run);
                     }
                 }
-                Next::WaitForNextMilli => {
+                Look::GateChanging { until_deadline } => {
+                    // The lease worker is between the two writes of a gate change, or was stopped
+                    // there: look again shortly, and refuse at the deadline as ever.
+                    waiter.sleep(GATE_CHANGE_POLL.min(until_deadline));
+                }
+                Look::AtCeiling { until_deadline } => {
+                    let poll = match ceiling_poll {
+                        None => {
+                            self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
+                            CEILING_POLL
+                        }
+                        Some(poll) => (poll * 2).min(CEILING_POLL_MAX),
+                    };
+                    ceiling_poll = Some(poll);
+                    waiter.sleep(poll.min(until_deadline));
+                }
+                Look::NextMilli { last } => {
                     let awaited = layout::stamp_millis(last) + 1;
                     match overflow_wait {
                         Some((millis, _)) if millis == awaited => {
@@ -271,82 +310,79 @@ impl IssuingState {
                     waiter.check_interrupts();
                     std::hint::spin_loop();
                 }
-                Next::ClockBehind { .. }
+                Look::ClockBehind { last, by_ms } => {
                     if cfg!(feature = "unguarded-clock")
-                        && last != self.grants.lifted_to.load(Ordering::Acquire) =>
-                {
-                    // The protection switched off, so that the fault schedule shows it catches
-                    // this: the last stamp is forgotten, and the clock's reading taken as it is.
-                    // Only a stamp this server issued: a floor just lifted still refuses.
-                    let now_stamp = layout::stamp(now, 0);
-                    let _ = self.last_stamp.compare_exchange(
-                        word,
-                        with_generation(now_stamp - 1, word_generation(word)),
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    );
-                }
-                Next::ClockBehind { by_ms } => {
-                    self.wait_out_step_back(clock, waiter, last, by_ms, max_backward_ms)?
+                        && last != self.grants.lifted_to.load(Ordering::Acquire)
+                    {
+                        // The protection switched off, so that the fault schedule shows it
+                        // catches this: the last stamp is forgotten, and the clock's reading taken
+                        // as it is. Only a stamp this server issued: a floor just lifted still
+                        // refuses.
+                        let word = self.last_stamp.load(Ordering::Acquire);
+                        if word_stamp(word) == last {
+                            let now_stamp = layout::stamp(layout::stamp_millis(last) - by_ms, 0);
+                            let _ = self.last_stamp.compare_exchange(
+                                word,
+                                with_generation(now_stamp - 1, word_generation(word)),
+                                Ordering::AcqRel,
+                                Ordering::Acquire,
+                            );
+                        }
+                    } else {
+                        self.wait_out_step_back(clock, waiter, last, by_ms, max_backward_ms)?
+                    }
                 }
             }
         }
     }
 
-    /// Takes `run` (stamps after the stamp in `word`, in the millisecond `now`, read with the
-    /// monotonic clock at `monotonic_ns`) if the gate lets it through, or waits at the ceiling for
-    /// the lease worker to move it on; `Continue` to read the clocks again. The monotonic reading
-    /// is the one taken with the wall clock's, before the gate is read: a caller held up after it
-    /// is one held up before its swap, which the lease's stop margin covers as ever, and one
-    /// reading fewer keeps the time between the word's load and its swap short.
-    fn try_take(
-        &self,
-        waiter: &impl Waiter,
-        word: u64,
-        (now, monotonic_ns): (u64, u64),
-        mut run: StampRun,
-        ceiling_poll: &mut Option<Duration>,
-    ) -> ControlFlow<Result<StampRun, Refusal>> {
+    /// One look at the stamp word, the clocks and the gate: the claim a caller would swap in, or
+    /// what stands in its way. Nothing is written; `swap` then claims, if nothing changed between.
+    /// The monotonic reading is the one taken with the wall clock's, before the gate is read: a
+    /// caller held up after it is one held up before its swap, which the lease's stop margin
+    /// covers as ever, and one reading fewer keeps the time between the word's load and its swap
+    /// short.
+    pub fn look(&self, clock: &impl Clock, wanted: u32) -> Result<Look, Refusal> {
+        // The word before the clock: the other way round, a caller paused between the two reads
+        // would see stamps newer than its clock reading and take that for a step back.
+        let word = self.last_stamp.load(Ordering::Acquire);
+        let last = word_stamp(word);
+        let (now, monotonic_ns) = clock_readings(clock)?;
+        let mut run = match next(last, now, wanted) {
+            Next::Take(run) => run,
+            Next::WaitForNextMilli => return Ok(Look::NextMilli { last }),
+            Next::ClockBehind { by_ms } => return Ok(Look::ClockBehind { last, by_ms }),
+        };
         let gate = Gate::unpack(self.gate.load(Ordering::SeqCst));
         let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
         if monotonic_ns >= deadline_ns {
-            return ControlFlow::Break(Err(Refusal::NotLeased));
+            return Err(Refusal::NotLeased);
         }
+        let until_deadline = Duration::from_nanos(deadline_ns - monotonic_ns);
         if gate.generation != word_generation(word) {
-            // The lease worker is between the two writes of a gate change, or was stopped there:
-            // look again shortly, and refuse at the deadline as ever.
-            waiter.sleep(GATE_CHANGE_POLL.min(Duration::from_nanos(deadline_ns - monotonic_ns)));
-            return ControlFlow::Continue(());
+            return Ok(Look::GateChanging { until_deadline });
         }
         if now >= gate.reserved_until_ms {
             if now >= self.gate_moves_up_to_ms.load(Ordering::SeqCst) {
-                return ControlFlow::Break(Err(Refusal::BoundReached));
+                return Err(Refusal::BoundReached);
             }
-            let poll = match *ceiling_poll {
-                None => {
-                    self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
-                    CEILING_POLL
-                }
-                Some(poll) => (poll * 2).min(CEILING_POLL_MAX),
-            };
-            *ceiling_poll = Some(poll);
-            let until_deadline = Duration::from_nanos(deadline_ns - monotonic_ns);
-            waiter.sleep(poll.min(until_deadline));
-            return ControlFlow::Continue(());
+            return Ok(Look::AtCeiling { until_deadline });
         }
         run.worker_id = gate.worker_id;
-        // Fails if the gate changed since `word` was read, since every change moves the generation.
-        let claimed = with_generation(run.last(), gate.generation);
-        if self
-            .last_stamp
+        Ok(Look::Claim(Pending { word, run }))
+    }
+
+    /// Claims what `look` found: its stamps, or `None` if the word changed since (another claim,
+    /// or a gate change, which moves the generation on).
+    pub fn swap(&self, pending: Pending) -> Option<StampRun> {
+        let Pending { word, run } = pending;
+        let claimed = with_generation(run.last(), word_generation(word));
+        self.last_stamp
             .compare_exchange_weak(word, claimed, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            self.ids_issued
-                .fetch_add(u64::from(run.count), Ordering::Relaxed);
-            return ControlFlow::Break(Ok(run));
-        }
-        ControlFlow::Continue(())
+            .ok()?;
+        self.ids_issued
+            .fetch_add(u64::from(run.count), Ordering::Relaxed);
+        Some(run)
     }
 
     /// The clock reads `by_ms` earlier than the last stamp, `last`: waits until it catches up if the
@@ -455,7 +491,7 @@ impl IssuingState {
             } else {
                 floor
             };
-            let generation = (word_generation(word) + 1) & GENERATION_MASK;
+            let generation = next_generation(word);
             let lifted = with_generation(last.max(lift_to), generation);
             match self.last_stamp.compare_exchange_weak(
                 word,
@@ -510,7 +546,7 @@ impl IssuingState {
     pub fn close_gate(&self, clock: &impl Clock) -> u64 {
         let mut word = self.last_stamp.load(Ordering::SeqCst);
         let (last, generation) = loop {
-            let generation = (word_generation(word) + 1) & GENERATION_MASK;
+            let generation = next_generation(word);
             let moved_on = with_generation(word_stamp(word), generation);
             match self.last_stamp.compare_exchange_weak(
                 word,
@@ -563,6 +599,47 @@ impl IssuingState {
             clock_backward_waits: self.clock_backward_waits.load(Ordering::Relaxed),
             clock_backward_refusals: self.clock_backward_refusals.load(Ordering::Relaxed),
             ceiling_waits: self.ceiling_waits.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The words of the issuing state that decide what it issues, as values: the model checker
+/// (`tests/issuing_model.rs`) keeps a server's state so between the steps it interleaves.
+#[cfg(feature = "known-defects")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Words([u64; 7]);
+
+#[cfg(feature = "known-defects")]
+impl IssuingState {
+    pub fn words(&self) -> Words {
+        Words(
+            [
+                &self.last_stamp,
+                &self.gate,
+                &self.gate_deadline_ns,
+                &self.gate_moves_up_to_ms,
+                &self.grants.worker_id_plus_one,
+                &self.grants.lifted_to,
+                &self.grants.issued_before_lift,
+            ]
+            .map(|word| word.load(Ordering::SeqCst)),
+        )
+    }
+
+    pub fn from_words(Words(words): Words) -> IssuingState {
+        let [last_stamp, gate, gate_deadline_ns, gate_moves_up_to_ms, worker_id_plus_one, lifted_to, issued_before_lift] =
+            words.map(AtomicU64::new);
+        IssuingState {
+            last_stamp,
+            gate,
+            gate_deadline_ns,
+            gate_moves_up_to_ms,
+            grants: GrantHistory {
+                worker_id_plus_one,
+                lifted_to,
+                issued_before_lift,
+            },
+            ..IssuingState::default()
         }
     }
 }
