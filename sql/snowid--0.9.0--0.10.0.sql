@@ -133,11 +133,11 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    own boolean;
-    held_since integer[] := '{}';
+    -- Claimed by its word: its refusal is this server's to hear.
+    own boolean := p_held_worker_id BETWEEN 0 AND 1023;
+    passed_over integer[] := '{}';
 BEGIN
-    fenced := false;
-    IF p_held_worker_id BETWEEN 0 AND 1023 THEN
+    IF own THEN
         worker_id := p_held_worker_id;
     ELSE
         SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
@@ -145,37 +145,49 @@ BEGIN
            AND (l.incarnation IS NOT DISTINCT FROM p_incarnation OR l.expires_at <= clock_timestamp())
          ORDER BY l.worker_id LIMIT 1;
     END IF;
-    own := worker_id IS NOT NULL;
     LOOP
         IF worker_id IS NULL THEN
             LOCK TABLE snowid.worker_lease IN SHARE UPDATE EXCLUSIVE MODE;
             SELECT l.worker_id INTO worker_id FROM snowid.worker_lease l
              WHERE (l.holder IS NULL OR l.expires_at <= clock_timestamp())
-               AND l.worker_id <> ALL (held_since)
+               AND l.worker_id <> ALL (passed_over)
              ORDER BY l.worker_id LIMIT 1;
         END IF;
         IF worker_id IS NULL THEN
             SELECT min(free.id) INTO worker_id FROM generate_series(0, 1023) AS free(id)
              WHERE NOT EXISTS (SELECT FROM snowid.worker_lease l WHERE l.worker_id = free.id)
-               AND free.id <> ALL (held_since);
+               AND free.id <> ALL (passed_over);
         END IF;
         IF worker_id IS NULL THEN
-            granted := false;
-            holder_name := 'other servers (all 1024 worker ids are leased)';
+            SELECT false, 'other servers (all 1024 worker ids are leased)', false
+              INTO granted, holder_name, fenced;
             RETURN;
         END IF;
-        SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
-               c.continued, c.renewal, c.released, c.tenure, c.fenced
-          INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
-               continued, renewal, released, tenure, fenced
-          FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
-                                  p_reserve_until_ms, true, p_timeline,
-                                  worker_id = p_held_worker_id, p_known_mark_ms) c;
-        -- A free row that its holder renewed (or another server took) before the claim locked it
-        -- is held again: the next free one is claimed instead.
-        EXIT WHEN own OR granted OR fenced OR released OR holder_name IS NULL;
-        held_since := held_since || worker_id;
-        worker_id := NULL;
+        BEGIN
+            SELECT c.granted, c.floor_ms, c.reserved_until_ms, c.holder_name, c.expires_at_unix_ms,
+                   c.continued, c.renewal, c.released, c.tenure, c.fenced
+              INTO granted, floor_ms, reserved_until_ms, holder_name, expires_at_unix_ms,
+                   continued, renewal, released, tenure, fenced
+              FROM snowid.lease_claim(worker_id, p_holder, p_incarnation, p_holder_name, p_ttl_ms,
+                                      p_reserve_until_ms, true, p_timeline, own, p_known_mark_ms) c;
+            -- A row read as free that its holder renewed (or another server took) before the claim
+            -- read it again is held: the attempt is undone, with any lock it took on the row, and
+            -- the next free one claimed.
+            IF NOT (own OR granted OR fenced OR holder_name IS NULL) THEN
+                RAISE SQLSTATE 'SNPAS';
+            END IF;
+            RETURN;
+        EXCEPTION WHEN SQLSTATE 'SNPAS' THEN
+            passed_over := passed_over || worker_id;
+            worker_id := NULL;
+            floor_ms := NULL;
+            reserved_until_ms := NULL;
+            expires_at_unix_ms := NULL;
+            continued := NULL;
+            renewal := NULL;
+            released := NULL;
+            tenure := NULL;
+        END;
     END LOOP;
 END
 $$;

@@ -378,7 +378,7 @@ impl IssuingState {
         let Pending { word, run } = pending;
         let claimed = with_generation(run.last(), word_generation(word));
         self.last_stamp
-            .compare_exchange_weak(word, claimed, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(word, claimed, Ordering::AcqRel, Ordering::Acquire)
             .ok()?;
         self.ids_issued
             .fetch_add(u64::from(run.count), Ordering::Relaxed);

@@ -18,6 +18,7 @@ use snowid_core::defects::{self, Defect};
 use snowid_core::generator::{Grant, IssuingState, Look, Pending, Words};
 use snowid_core::layout;
 use stateright::{Checker, HasDiscoveries, Model, Property};
+use std::collections::BTreeSet;
 use std::fmt::Write;
 use std::sync::Mutex;
 
@@ -31,14 +32,18 @@ const STEP_BACK_MS: u32 = 2;
 const GATE_CHANGES: u8 = 3;
 /// How many claims the backends look at in one trace, together.
 const CLAIMS: u8 = 3;
-/// The grants the lease worker opens the gate with: worker id 0, and another worker id, 1.
-const GRANTS: [Grant; 2] = [grant(0), grant(1)];
+/// The grants the lease worker opens the gate with: worker id 0, reserved until the last tick
+/// (where its callers are refused); and another worker id, 1, whose ids start above a floor.
+const GRANTS: [Grant; 2] = [
+    grant(0, None, START_MS + TICKS as u64),
+    grant(1, Some(START_MS + 1), START_MS + TICKS as u64 + 1),
+];
 
-const fn grant(worker_id: u16) -> Grant {
+const fn grant(worker_id: u16, floor_ms: Option<u64>, reserved_until_ms: u64) -> Grant {
     Grant {
         worker_id,
-        floor_ms: None,
-        reserved_until_ms: START_MS + TICKS as u64 + 1,
+        floor_ms,
+        reserved_until_ms,
         moves_up_to_ms: 0,
         deadline_ns: u64::MAX / 2,
     }
@@ -87,8 +92,8 @@ struct State {
     words: Words,
     now: u32,
     behind_ms: u32,
-    /// Each backend's claim looked at, and how many gate changes there had been then.
-    pending: [Option<(Pending, u8)>; 2],
+    /// Each backend's claim looked at, with the gate changes and the swaps made before its look.
+    pending: [Option<(Pending, u8, u8)>; 2],
     /// The grant in force, by its index in `GRANTS`; `None` while the gate is closed.
     in_force: Option<usize>,
     gate_changes: u8,
@@ -96,8 +101,9 @@ struct State {
     /// The bound the last closing answered, since the gate was last opened.
     closed_below: Option<u64>,
     highest_id: u64,
-    /// Which backends issued an id, one bit each.
+    /// Which backends issued an id, one bit each, and how many swaps succeeded.
     issued_by: u8,
+    swaps: u8,
     /// A swap failed with the gate changed since its look.
     fenced: bool,
     violation: Option<Violation>,
@@ -130,6 +136,7 @@ impl Model for Issuing {
             closed_below: None,
             highest_id: 0,
             issued_by: 0,
+            swaps: 0,
             fenced: false,
             violation: None,
         }]
@@ -175,21 +182,29 @@ impl Model for Issuing {
                 let Ok(Look::Claim(pending)) = issuing.look(&state.clock(), 1) else {
                     return None;
                 };
-                state.pending[b] = Some((pending, state.gate_changes));
+                state.pending[b] = Some((pending, state.gate_changes, state.swaps));
                 state.claims += 1;
             }
             Action::Swap(b) => {
-                let (pending, gate_changes) = state.pending[b].take()?;
+                let (pending, gate_changes, swaps) = state.pending[b].take()?;
                 match issuing.swap(pending) {
                     Some(run) => {
                         state.issued_by |= 1 << b;
+                        state.swaps += 1;
                         issued(&mut state, run.first, run.worker_id)
                     }
-                    None => state.fenced |= gate_changes != state.gate_changes,
+                    // Failed for the gate change alone: no other swap came between.
+                    None => {
+                        state.fenced |= gate_changes != state.gate_changes && swaps == state.swaps
+                    }
                 }
             }
             Action::Open(g) => {
                 issuing.open_gate(&GRANTS[g]);
+                if issuing.words() == state.words {
+                    // The grant in force, opened again: no change.
+                    return None;
+                }
                 state.in_force = Some(g);
                 state.closed_below = None;
                 state.gate_changes += 1;
@@ -206,19 +221,15 @@ impl Model for Issuing {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("I2: a server's ids increase", |_, state: &State| {
+            Property::always(ALWAYS[0], |_, state: &State| {
                 !matches!(state.violation, Some(Violation::NotIncreasing { .. }))
             }),
-            Property::always(
-                "every id is issued under the grant in force",
-                |_, state: &State| !matches!(state.violation, Some(Violation::NotInForce { .. })),
-            ),
-            Property::always(
-                "no id lies at or above the bound a closing answered",
-                |_, state: &State| {
-                    !matches!(state.violation, Some(Violation::AboveTheBound { .. }))
-                },
-            ),
+            Property::always(ALWAYS[1], |_, state: &State| {
+                !matches!(state.violation, Some(Violation::NotInForce { .. }))
+            }),
+            Property::always(ALWAYS[2], |_, state: &State| {
+                !matches!(state.violation, Some(Violation::AboveTheBound { .. }))
+            }),
             Property::sometimes("both backends issue", |_, state: &State| {
                 state.issued_by == 0b11
             }),
@@ -236,15 +247,12 @@ fn issued(state: &mut State, stamp: u64, worker_id: u16) {
     let id = layout::id_from_stamp(stamp, worker_id) as u64;
     let violation = if id <= state.highest_id {
         Some(Violation::NotIncreasing { id })
-    } else if state.in_force.map(|g| GRANTS[g].worker_id) != Some(worker_id)
-        && state.closed_below.is_none()
-    {
+    } else if let Some(bound) = state.closed_below.filter(|&bound| ms >= bound) {
+        Some(Violation::AboveTheBound { ms, bound })
+    } else if state.in_force.map(|g| GRANTS[g].worker_id) != Some(worker_id) {
         Some(Violation::NotInForce { worker_id })
     } else {
-        match state.closed_below {
-            Some(bound) if ms >= bound => Some(Violation::AboveTheBound { ms, bound }),
-            _ => None,
-        }
+        None
     };
     state.highest_id = state.highest_id.max(id);
     state.violation = state.violation.or(violation);
@@ -253,25 +261,24 @@ fn issued(state: &mut State, stamp: u64, worker_id: u16) {
 /// The defect switches are global: one check at a time.
 static SWITCHES: Mutex<()> = Mutex::new(());
 
-/// Checks the model with `switched_on`; returns the report, with the trace of each property
-/// that failed.
+/// The properties that must always hold.
+const ALWAYS: [&str; 3] = [
+    "I2: a server's ids increase",
+    "every id is issued under the grant in force",
+    "no id lies at or above the bound a closing answered",
+];
+
+/// Checks the whole model with `switched_on`, and then, for each property of [`ALWAYS`] that
+/// fails, finds its shortest counterexample (a checker keeps the last counterexample of a property
+/// it finds, not the first). Returns the report: the states explored, each property that held
+/// sometimes, and each that failed, with its trace.
 fn check(switched_on: &[Defect]) -> String {
     let _one_at_a_time = SWITCHES
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     defects::switch_on(switched_on);
     let started = std::time::Instant::now();
-    // One thread, so that each trace is a shortest; with a defect, the first counterexample is
-    // enough.
-    let checker = Issuing.checker();
-    let checker = if switched_on.is_empty() {
-        checker.spawn_bfs().join()
-    } else {
-        checker
-            .finish_when(HasDiscoveries::AnyFailures)
-            .spawn_bfs()
-            .join()
-    };
+    let checker = Issuing.checker().threads(2).spawn_bfs().join();
     let mut report = format!(
         "the issuing state, {TICKS} ticks, {GATE_CHANGES} gate changes, {CLAIMS} claims, defects {switched_on:?}: \
          {} states ({} distinct), depth {}, {:.1} s\n",
@@ -280,12 +287,28 @@ fn check(switched_on: &[Defect]) -> String {
         checker.max_depth(),
         started.elapsed().as_secs_f64()
     );
-    // Each property that held sometimes is named; each that failed, with its trace.
-    for (name, path) in checker.discoveries() {
-        let Some(violation) = path.last_state().violation else {
-            let _ = writeln!(report, "{name}: reached");
-            continue;
-        };
+    let discoveries = checker.discoveries();
+    for (name, _) in discoveries
+        .iter()
+        .filter(|(name, _)| !ALWAYS.contains(name))
+    {
+        let _ = writeln!(report, "{name}: reached");
+    }
+    for name in ALWAYS
+        .into_iter()
+        .filter(|name| discoveries.contains_key(name))
+    {
+        let path = (1..=checker.max_depth())
+            .find_map(|depth| {
+                Issuing
+                    .checker()
+                    .target_max_depth(depth)
+                    .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([name])))
+                    .spawn_bfs()
+                    .join()
+                    .discovery(name)
+            })
+            .expect("found again within the depth the whole run reached");
         let _ = writeln!(
             report,
             "{name}: found in {} steps",
@@ -296,7 +319,9 @@ fn check(switched_on: &[Defect]) -> String {
                 let _ = writeln!(report, "  - {}", told(&state, action));
             }
         }
-        let _ = writeln!(report, "  => {}", told_violation(violation));
+        if let Some(violation) = path.last_state().violation {
+            let _ = writeln!(report, "  => {}", told_violation(violation));
+        }
     }
     defects::switch_on(&[]);
     println!("{report}");
@@ -343,11 +368,7 @@ fn every_id_is_issued_under_the_grant_in_force_and_below_the_bound_of_a_closing(
         report.contains("a swap in flight fails after a gate change: reached"),
         "{report}"
     );
-    for property in [
-        "I2: a server's ids increase",
-        "every id is issued under the grant in force",
-        "no id lies at or above the bound a closing answered",
-    ] {
+    for property in ALWAYS {
         assert!(!report.contains(property), "{report}");
     }
 }
@@ -355,13 +376,10 @@ fn every_id_is_issued_under_the_grant_in_force_and_below_the_bound_of_a_closing(
 #[test]
 fn finds_a_gate_change_that_did_not_fence_a_swap_in_flight() {
     let report = check(&[Defect::GateChangeUnfenced]);
-    assert!(
-        [
-            "every id is issued under the grant in force: found in",
-            "no id lies at or above the bound a closing answered: found in"
-        ]
-        .iter()
-        .any(|failed| report.contains(failed)),
-        "{report}"
-    );
+    for property in &ALWAYS[1..] {
+        assert!(
+            report.contains(&format!("{property}: found in")),
+            "{report}"
+        );
+    }
 }

@@ -658,7 +658,11 @@ impl Protocol {
             .filter(|_| self.kind != Kind::OnTheServer)
             .map(|_| server.known_mark);
         let (me, run) = (holder_name(server.holder), server.incarnation.to_string());
-        let table = &mut state.tables[self.table_of(s)];
+        let t = match self.kind {
+            Kind::AnyWorkerId => usize::from(server.worker),
+            _ => self.table_of(s),
+        };
+        let table = &mut state.tables[t];
         if let Some(row) = table.row.as_mut() {
             let holder = row.holder.map(|(h, i)| (holder_name(h), i.to_string()));
             let rule_row = Row {
@@ -679,11 +683,13 @@ impl Protocol {
             }
         }
         // The data directory's ceiling stays, lowered to the ids issued; the one in `/dev/shm`
-        // that a shared registry's server keeps is removed.
+        // that a shared registry's server keeps is removed. With `snowid.any_worker_id` the bound
+        // kept for the next boot is lowered to the ids issued, before the release.
         let server = &mut state.servers[s];
         *server = Server {
             incarnation: server.incarnation + 1,
             offset: server.offset,
+            kept: (self.kind == Kind::AnyWorkerId).then_some((server.worker, issued_below)),
             ceiling: if self.kind == Kind::OnTheServer {
                 server.ceiling
             } else {
@@ -800,7 +806,7 @@ impl Model for Protocol {
                     actions.push(Action::Unheard(s));
                 }
                 actions.push(Action::Crash(s));
-                let releases = matches!(self.kind, Kind::OnTheServer | Kind::Postgres);
+                let releases = self.kind != Kind::Etcd;
                 if releases && server.applied_tenure.is_some() {
                     actions.push(Action::Release(s));
                 }
