@@ -342,6 +342,7 @@ impl IssuingState {
     /// caller held up after it is one held up before its swap, which the lease's stop margin
     /// covers as ever, and one reading fewer keeps the time between the word's load and its swap
     /// short.
+    #[inline(always)]
     pub fn look(&self, clock: &impl Clock, wanted: u32) -> Result<Look, Refusal> {
         // The word before the clock: the other way round, a caller paused between the two reads
         // would see stamps newer than its clock reading and take that for a step back.
@@ -374,6 +375,7 @@ impl IssuingState {
 
     /// Claims what `look` found: its stamps, or `None` if the word changed since (another claim,
     /// or a gate change, which moves the generation on).
+    #[inline(always)]
     pub fn swap(&self, pending: Pending) -> Option<StampRun> {
         let Pending { word, run } = pending;
         let claimed = with_generation(run.last(), word_generation(word));
