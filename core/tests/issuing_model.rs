@@ -6,7 +6,8 @@
 //! state the model keeps as values between steps; each of the lease worker's calls is one step.
 //!
 //! It checks that a server's ids increase (I2), that every id is issued under the grant in force
-//! when it is swapped in, and that none lies at or above the bound a closing of the gate answered
+//! when it is swapped in (its worker id, at or above its floor, below its reservation), and that
+//! no claim looked at before a closing of the gate lies at or above the bound that closing answered
 //! (which the lease worker releases its lease with: the next holder starts there, I1). With the
 //! known defect `GateChangeUnfenced` (0.8.0), it finds the claim in flight that a gate change did
 //! not fence.
@@ -81,10 +82,22 @@ enum Action {
 enum Violation {
     /// I2: an id at or below one issued before.
     NotIncreasing { id: u64 },
-    /// An id under another worker id than the grant in force's, or with the gate closed.
+    /// An id under another worker id than the grant in force's, outside its floor and its
+    /// reservation, or with the gate closed.
     NotInForce { worker_id: u16 },
-    /// An id at or above the bound the last closing answered.
+    /// An id of a claim looked at before a closing, at or above the bound that closing answered.
     AboveTheBound { ms: u64, bound: u64 },
+}
+
+/// A backend's claim looked at and not yet swapped in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct InFlight {
+    pending: Pending,
+    /// The gate changes and the successful swaps made before its look.
+    gate_changes: u8,
+    swaps: u8,
+    /// The lowest bound a closing answered since its look.
+    below: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -92,14 +105,11 @@ struct State {
     words: Words,
     now: u32,
     behind_ms: u32,
-    /// Each backend's claim looked at, with the gate changes and the swaps made before its look.
-    pending: [Option<(Pending, u8, u8)>; 2],
+    in_flight: [Option<InFlight>; 2],
     /// The grant in force, by its index in `GRANTS`; `None` while the gate is closed.
     in_force: Option<usize>,
     gate_changes: u8,
     claims: u8,
-    /// The bound the last closing answered, since the gate was last opened.
-    closed_below: Option<u64>,
     highest_id: u64,
     /// Which backends issued an id, one bit each, and how many swaps succeeded.
     issued_by: u8,
@@ -129,11 +139,10 @@ impl Model for Issuing {
             words: IssuingState::default().words(),
             now: 0,
             behind_ms: 0,
-            pending: [None; 2],
+            in_flight: [None; 2],
             in_force: None,
             gate_changes: 0,
             claims: 0,
-            closed_below: None,
             highest_id: 0,
             issued_by: 0,
             swaps: 0,
@@ -154,7 +163,7 @@ impl Model for Issuing {
         }
         let issuing = IssuingState::from_words(state.words);
         for b in 0..2 {
-            match state.pending[b] {
+            match state.in_flight[b] {
                 Some(_) => actions.push(Action::Swap(b)),
                 None if state.claims < CLAIMS => {
                     if let Ok(Look::Claim(_)) = issuing.look(&state.clock(), 1) {
@@ -182,20 +191,26 @@ impl Model for Issuing {
                 let Ok(Look::Claim(pending)) = issuing.look(&state.clock(), 1) else {
                     return None;
                 };
-                state.pending[b] = Some((pending, state.gate_changes, state.swaps));
+                state.in_flight[b] = Some(InFlight {
+                    pending,
+                    gate_changes: state.gate_changes,
+                    swaps: state.swaps,
+                    below: None,
+                });
                 state.claims += 1;
             }
             Action::Swap(b) => {
-                let (pending, gate_changes, swaps) = state.pending[b].take()?;
-                match issuing.swap(pending) {
+                let claim = state.in_flight[b].take()?;
+                match issuing.swap(claim.pending) {
                     Some(run) => {
                         state.issued_by |= 1 << b;
                         state.swaps += 1;
-                        issued(&mut state, run.first, run.worker_id)
+                        issued(&mut state, run.first, run.worker_id, claim.below)
                     }
                     // Failed for the gate change alone: no other swap came between.
                     None => {
-                        state.fenced |= gate_changes != state.gate_changes && swaps == state.swaps
+                        state.fenced |=
+                            claim.gate_changes != state.gate_changes && claim.swaps == state.swaps
                     }
                 }
             }
@@ -206,11 +221,13 @@ impl Model for Issuing {
                     return None;
                 }
                 state.in_force = Some(g);
-                state.closed_below = None;
                 state.gate_changes += 1;
             }
             Action::Close => {
-                state.closed_below = Some(issuing.close_gate(&state.clock()));
+                let bound = issuing.close_gate(&state.clock());
+                for claim in state.in_flight.iter_mut().flatten() {
+                    claim.below = Some(claim.below.map_or(bound, |below| below.min(bound)));
+                }
                 state.in_force = None;
                 state.gate_changes += 1;
             }
@@ -241,15 +258,21 @@ impl Model for Issuing {
     }
 }
 
-/// Records the id of `stamp` issued under `worker_id`, and the first violation it makes.
-fn issued(state: &mut State, stamp: u64, worker_id: u16) {
+/// Records the id of `stamp` issued under `worker_id` by a claim looked at before closings whose
+/// lowest bound is `below`, and the first violation it makes.
+fn issued(state: &mut State, stamp: u64, worker_id: u16, below: Option<u64>) {
     let ms = layout::stamp_millis(stamp);
     let id = layout::id_from_stamp(stamp, worker_id) as u64;
+    let in_force = state.in_force.map(|g| &GRANTS[g]).is_some_and(|grant| {
+        grant.worker_id == worker_id
+            && ms >= grant.floor_ms.unwrap_or(0)
+            && ms < grant.reserved_until_ms
+    });
     let violation = if id <= state.highest_id {
         Some(Violation::NotIncreasing { id })
-    } else if let Some(bound) = state.closed_below.filter(|&bound| ms >= bound) {
+    } else if let Some(bound) = below.filter(|&bound| ms >= bound) {
         Some(Violation::AboveTheBound { ms, bound })
-    } else if state.in_force.map(|g| GRANTS[g].worker_id) != Some(worker_id) {
+    } else if !in_force {
         Some(Violation::NotInForce { worker_id })
     } else {
         None
@@ -298,7 +321,8 @@ fn check(switched_on: &[Defect]) -> String {
         .into_iter()
         .filter(|name| discoveries.contains_key(name))
     {
-        let path = (1..=checker.max_depth())
+        // A checker given a target depth explores the states above it: one more than the run's.
+        let path = (1..=checker.max_depth() + 1)
             .find_map(|depth| {
                 Issuing
                     .checker()
@@ -352,10 +376,10 @@ fn told_violation(violation: Violation) -> String {
     match violation {
         Violation::NotIncreasing { id } => format!("id {id} is not above every id before it"),
         Violation::NotInForce { worker_id } => {
-            format!("an id issued under worker id {worker_id}, whose grant is no longer in force")
+            format!("an id issued under worker id {worker_id} outside the grant in force")
         }
         Violation::AboveTheBound { ms, bound } => format!(
-            "an id of millisecond {ms} issued after the closing answered that every id lies below {bound}"
+            "an id of millisecond {ms}, looked at before a closing that answered every id lies below {bound}"
         ),
     }
 }
