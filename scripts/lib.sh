@@ -195,6 +195,43 @@ install_snowid() {
     as_root install -m 644 "$REPO"/sql/snowid--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 }
 
+# The commit each earlier release was built from, for the tests that run its nodes beside this
+# version's (tests/cluster/tests/versions.rs): 0.9.0's is the last before its changelog opened the
+# next release.
+declare -A RELEASE_COMMITS=([0.9.0]=38f53a1e776759dbb2ac9a6399b2d967ee612a3f)
+
+# build_release VERSION: snowid VERSION built from its commit into a copy of Debian's PostgreSQL 15
+# under target/snowid-VERSION, once. PostgreSQL finds its library and share directories relative
+# to its programs, so that copy's servers load VERSION's library and scripts and nothing of this
+# checkout's. The build shares target/ with this checkout's, whose dependencies it mostly reuses.
+build_release() {
+    local version=$1 commit=${RELEASE_COMMITS[$1]} root=$REPO/target/snowid-$1 src
+    local lib=usr/lib/postgresql/15 share=usr/share/postgresql/15
+    [ "$(cat "$root/built-from" 2>/dev/null)" = "$commit" ] && return 0
+    echo "==> building snowid $version from $commit into a copy of PostgreSQL 15"
+    git -C "$REPO" cat-file -e "$commit^{commit}" 2>/dev/null || {
+        echo "build_release: this clone lacks $commit, snowid $version's commit: clone with its history" >&2
+        return 1
+    }
+    rm -rf "$root"
+    mkdir -p "$(dirname "$root/$lib")" "$(dirname "$root/$share")"
+    cp -a "/$lib" "$root/$lib"
+    cp -a "/$share" "$root/$share"
+    rm -f "$root/$lib/lib/snowid.so" "$root/$share/extension"/snowid[.-]*
+    # Outside this checkout, whose workspace would claim it.
+    src=$(mktemp -d)
+    git -C "$REPO" archive "$commit" | tar -x -C "$src"
+    (cd "$src" && CARGO_TARGET_DIR=$REPO/target/releases cargo pgrx package --pg-config "$(pg_config_of 15)" \
+        --out-dir "$root" >"$root/build.log" 2>&1) || { tail -n 20 "$root/build.log" >&2; return 1; }
+    rm -rf "$src"
+    echo "$commit" >"$root/built-from"
+}
+
+# build_nemesis: the fault schedule's harness, tests/cluster/target/release/nemesis.
+build_nemesis() {
+    (cd "$REPO/tests/cluster" && cargo build --release --quiet --bin nemesis)
+}
+
 # Runs a PostgreSQL program as the user that owns the throwaway clusters (postgres, when we are root).
 as_cluster_owner() {
     if is_root; then runuser -u postgres -- "$@"; else "$@"; fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/nemesis.sh [--seed N] [--minutes M] [--registry postgres|etcd] [--report DIR] [--no-install]
+# scripts/nemesis.sh [--seed N] [--minutes M] [--registry postgres|etcd] [--report DIR] [--no-install] [--built]
 #
 # The fault schedule: four nodes and their registry, each on a test host of its own (a network
 # namespace), issue ids for M minutes (3 by default, 180 at most) while faults drawn from seed N
@@ -9,17 +9,20 @@
 # call and every server's log. The registry is PostgreSQL with a synchronous standby for an even
 # seed, etcd for an odd one, unless --registry names it. Exits 1 when a check failed. Runs against
 # PostgreSQL PG_MAJOR (15 by default), into which it installs snowid unless --no-install says that
-# is done. Needs root, for the namespaces.
+# is done; it builds the harness (tests/cluster's nemesis) unless --built says that is done. Needs
+# root, for the namespaces.
 set -euo pipefail
 
-usage="usage: scripts/nemesis.sh [--seed N] [--minutes M] [--registry postgres|etcd] [--report DIR] [--no-install]"
+usage="usage: scripts/nemesis.sh [--seed N] [--minutes M] [--registry postgres|etcd] [--report DIR] [--no-install] [--built]"
 install=true
+build=true
 args=()
 report=
 seed=
 while [ $# -gt 0 ]; do
     case $1 in
     --no-install) install=false; shift ;;
+    --built) build=false; shift ;;
     --seed) seed=${2:?$usage}; args+=("$1" "$2"); shift 2 ;;
     --report) report=$(realpath -m "${2:?$usage}"); shift 2 ;;
     --minutes | --registry) args+=("$1" "${2:?$usage}"); shift 2 ;;
@@ -40,7 +43,7 @@ $install && install_snowid
 report=${report:-$REPO/target/nemesis/seed-$seed}
 
 echo "==> PostgreSQL $PG_MAJOR: fault schedule (replay: scripts/nemesis.sh ${args[*]})"
-(cd tests/cluster && cargo build --release --quiet --bin nemesis)
+$build && build_nemesis
 status=0
 PG_CONFIG="$PG_CONFIG" tests/cluster/target/release/nemesis "${args[@]}" --report "$report" || status=$?
 # The chart is drawn when it can be; its failure never changes the run's verdict.

@@ -173,12 +173,25 @@ test_package() {
 FAULT_SCHEDULE_SEED=2026
 
 # fault_schedules: three minutes of the fault schedule from FAULT_SCHEDULE_SEED, then three from a
-# seed drawn at random; each prints the command that replays it.
+# seed drawn at random; each prints the command that replays it. The schedules wait on timers
+# mostly, and their checks time nothing closer than 20 s: beside them, at the lowest CPU priority,
+# what the cluster tests build (cluster_test_builds).
 fault_schedules() {
-    local status=0
-    scripts/nemesis.sh --no-install --seed "$FAULT_SCHEDULE_SEED" --minutes 3 || status=$?
-    scripts/nemesis.sh --no-install --registry etcd --minutes 3 || status=$?
+    local status=0 builds builds_log=$times/cluster-test-builds.log
+    build_nemesis
+    (renice -n 19 "$BASHPID" >/dev/null && cluster_test_builds) >"$builds_log" 2>&1 &
+    builds=$!
+    scripts/nemesis.sh --no-install --built --seed "$FAULT_SCHEDULE_SEED" --minutes 3 || status=$?
+    scripts/nemesis.sh --no-install --built --registry etcd --minutes 3 || status=$?
+    wait "$builds" || { cat "$builds_log" >&2; echo "the cluster tests' builds failed" >&2; status=1; }
     return "$status"
+}
+
+# cluster_test_builds: the cluster tests, and snowid 0.9.0 in a copy of PostgreSQL 15 for the tests
+# that run its nodes beside this version's.
+cluster_test_builds() {
+    (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo nextest run --release --no-run)
+    build_release 0.9.0
 }
 
 # test_major MAJOR PROFILE: every step on MAJOR, with the cluster tests of nextest's PROFILE; with
@@ -196,10 +209,10 @@ test_major() {
         timed "$major" "install into 15 (TLS registry)" install_snowid_into 15
     fi
     timed "$major" "build and install (release)" install_snowid
-    timed "$major" "cluster tests" cluster_tests "$major" "$profile"
     if [ "$profile" = default ]; then
         timed "$major" "fault schedules" fault_schedules
     fi
+    timed "$major" "cluster tests" cluster_tests "$major" "$profile"
     timed "$major" "Debian package" test_package "$major"
 }
 

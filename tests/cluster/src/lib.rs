@@ -87,17 +87,27 @@ impl Cluster {
         settings: &[&str],
         fake_clock: bool,
     ) -> Cluster {
-        let preload = "shared_preload_libraries = 'snowid'";
-        let cluster_name = format!("cluster_name = '{name}'");
-        let mut all = vec![preload];
-        all.extend(snowid);
-        all.push(&cluster_name);
-        all.extend(settings);
+        let all = preloading_snowid(name, snowid, settings);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
         if fake_clock {
             Cluster::start_with_fake_clock(name, &all)
         } else {
             Cluster::start(name, &all)
         }
+    }
+
+    /// Like [`Cluster::start_preloading_snowid`], on Debian's PostgreSQL 15 with snowid `version`,
+    /// an earlier release, installed: see [`release_bindir`].
+    pub fn start_preloading_release(
+        version: &str,
+        name: &str,
+        snowid: &[&str],
+        settings: &[&str],
+    ) -> Cluster {
+        let all = preloading_snowid(name, snowid, settings);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let bindir = release_bindir(version);
+        Cluster::create_in(bindir, &std::env::temp_dir(), name, &all, false, None)
     }
 
     /// A running server named `name` that preloads snowid with worker id `worker_id` and then
@@ -1038,6 +1048,32 @@ fn directory_for(name: &str, port: u16) -> PathBuf {
 /// Where Debian's PostgreSQL 15, the one Debian 12 ships, keeps its programs.
 const DEBIAN_BINDIR: &str = "/usr/lib/postgresql/15/bin";
 
+/// The settings of a server named `name` that preloads snowid: `snowid`, then `settings`.
+fn preloading_snowid(name: &str, snowid: &[&str], settings: &[&str]) -> Vec<String> {
+    let mut all = vec!["shared_preload_libraries = 'snowid'".to_string()];
+    all.extend(snowid.iter().map(|setting| setting.to_string()));
+    all.push(format!("cluster_name = '{name}'"));
+    all.extend(settings.iter().map(|setting| setting.to_string()));
+    all
+}
+
+/// The programs of a copy of Debian's PostgreSQL 15 into which snowid `version`, an earlier
+/// release, is installed, built from that release's commit by `build_release` (scripts/lib.sh,
+/// which scripts/test.sh runs) under target/snowid-VERSION. PostgreSQL finds its library and
+/// share directories relative to its programs, so the copy's servers load that release's library
+/// and install scripts, and nothing of this version.
+pub fn release_bindir(version: &str) -> PathBuf {
+    let bindir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target")
+        .join(format!("snowid-{version}/usr/lib/postgresql/15/bin"));
+    assert!(
+        bindir.join("postgres").exists(),
+        "no build of snowid {version} in {}: run (source scripts/lib.sh; build_release {version})",
+        bindir.display()
+    );
+    bindir.canonicalize().unwrap()
+}
+
 /// What the `pg_config` of the PostgreSQL under test says for `flag` (`--bindir`, say).
 pub fn pg_config(flag: &str) -> String {
     let pg_config =
@@ -1335,6 +1371,31 @@ impl Node {
             node: Node::with_extension(name, cluster),
             snowid: Node::snowid_settings(worker_id, registry).to_vec(),
         }
+    }
+
+    /// Like [`Node::start`], a node of snowid `version`, an earlier release (see
+    /// [`release_bindir`]).
+    pub fn start_release(
+        version: &str,
+        name: &str,
+        worker_id: Option<u16>,
+        registry: &str,
+        settings: &[&str],
+    ) -> Node {
+        let [worker_setting, registry_setting] = Node::snowid_settings(worker_id, registry);
+        let snowid = [worker_setting.as_str(), registry_setting.as_str()];
+        let cluster = Cluster::start_preloading_release(version, name, &snowid, settings);
+        let node = Node::with_extension(name, cluster);
+        // The release's library and install script, not this version's.
+        let (library_dir, created): (String, String) = query_pair(
+            &mut node.cluster.connect(),
+            "SELECT (SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'), \
+                    (SELECT extversion FROM pg_extension WHERE extname = 'snowid')",
+        );
+        let release_lib = release_bindir(version).with_file_name("lib");
+        assert_eq!(Path::new(&library_dir), release_lib, "{name}");
+        assert_eq!(created, version, "{name}");
+        node
     }
 
     fn create(

@@ -1,10 +1,12 @@
 //! Worker-id leases in etcd: nodes whose `snowid.registry` names a three-member etcd cluster of
-//! Debian's etcd-server on loopback ports (one member for TLS). The keys are read back with
-//! etcdctl; a second server with the same worker id, a standby configured with its primary's, a
-//! holder that crashed, four nodes picking any worker id, etcd's leader killed, every member frozen
-//! past the lease, TLS with client certificates and user authentication, a member that never
-//! answers, a copy of a holder's memory raising its mark, a holder held up while an operator freed
-//! its worker id twice, etcd restored within a claim. Every id is collected from every node: none is issued twice.
+//! Debian's etcd-server on loopback ports (one member for TLS and for nodes of 0.9.0). The keys are
+//! read back with etcdctl; a second server with the same worker id, a standby configured with its
+//! primary's, a holder that crashed, four nodes picking any worker id, etcd's leader killed, every
+//! member frozen past the lease, TLS with client certificates and user authentication, a member
+//! that never answers, a copy of a holder's memory raising its mark, a holder held up while an
+//! operator freed its worker id twice, etcd restored within a claim, nodes of 0.9.0 (built from its
+//! commit) beside nodes of this version. Every id is collected from every node: none is issued
+//! twice.
 
 use postgres::Client;
 use snowid_cluster_tests::etcd::{EtcdCluster, EtcdTls, HoldingProxy};
@@ -1553,4 +1555,99 @@ fn a_held_up_holder_whose_worker_id_was_freed_twice_by_hand_is_fenced_off_beside
     assert!(refusal.starts_with(&expected), "{refusal}");
     let id = next_id(&mut on_b).unwrap();
     assert!(id > *b_ids.last().unwrap());
+}
+
+/// Nodes of 0.9.0 (built from its commit) and of this version on one etcd, each reading the keys
+/// the other wrote. A node of this version leasing any worker id passes over the one whose keys a
+/// node of 0.9.0 holds; one configured with that worker id is refused, naming the 0.9.0 node, and
+/// takes it once that node crashed and its etcd lease ran out, above its mark and every id it
+/// issued. Released at a clean shutdown, the worker id goes back to the node of 0.9.0, started
+/// again, above every id of this version's node. No id twice.
+#[test]
+fn nodes_of_0_9_0_and_of_this_version_read_each_others_keys_and_pass_a_worker_id_above_every_id() {
+    const TTL: &str = "snowid.lease_ttl = 6";
+    let dir = directory("versions");
+    let etcd = EtcdCluster::start(&dir, 1, None);
+    let registry = registry(&etcd);
+    let old = Node::start_release("0.9.0", "etcd-old", Some(0), &registry, &[TTL]);
+    let mut on_old = old.cluster.connect();
+    let state = wait_for_lease_state(&mut on_old, "held", Duration::from_secs(15));
+    assert_eq!(state, "held", "{:?}", status(&mut on_old));
+    assert_eq!(etcd.get("/snowid/workers/0"), Some(old.holder_name()));
+    let any = node("etcd-any", None, &registry, 6);
+    assert_eq!(status(&mut any.cluster.connect()).1, Some(1));
+    let new = Node::start("etcd-new", Some(0), &registry, &[TTL]);
+    let mut on_new = new.cluster.connect();
+    let state = wait_for_lease_state(
+        &mut on_new,
+        "held by another server",
+        Duration::from_secs(10),
+    );
+    assert_eq!(state, "held by another server");
+    let refusal = next_id(&mut on_new).unwrap_err();
+    let expected = format!(
+        "55000: snowid refuses to issue ids: worker id 0 is leased by another server, {}, until ",
+        old.holder_name()
+    );
+    assert!(refusal.starts_with(&expected), "{refusal}");
+
+    let (calls, ()) = calls_during(&[&old, &any], |_| {
+        std::thread::sleep(Duration::from_secs(1))
+    });
+    let mut ids = vec![];
+    for (node, calls, worker_id) in [(&old, &calls[0], 0), (&any, &calls[1], 1)] {
+        let results: Vec<_> = calls.iter().map(|call| call.result.clone()).collect();
+        let issued = increasing_ids(&results, &node.name);
+        assert_eq!(
+            issued.len(),
+            calls.len(),
+            "{}: every call issued",
+            node.name
+        );
+        assert!(issued.iter().all(|&id| worker_of(id) == worker_id));
+        ids.extend(issued);
+    }
+    let last_of_old = *ids.iter().filter(|&&id| worker_of(id) == 0).max().unwrap();
+
+    // The node of 0.9.0 crashes: its keys stay until their etcd lease runs out.
+    drop(on_old);
+    let mark_of_old = mark(&etcd, 0);
+    old.cluster.kill_postmaster();
+    let state = wait_for_lease_state(&mut on_new, "held", Duration::from_secs(15));
+    assert_eq!(state, "held", "{:?}", status(&mut on_new));
+    let taken =
+        |refusal: &str| refusal.contains("this server has just taken the lease on worker id 0");
+    let (first, _) = next_id_once_issuing(
+        &mut on_new,
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        taken,
+    );
+    assert!(
+        millis_of(first) >= mark_of_old,
+        "{first}: mark {mark_of_old}"
+    );
+    assert!(first > last_of_old, "{first} <= {last_of_old}");
+    ids.push(first);
+    ids.extend((0..100).map(|_| next_id(&mut on_new).unwrap()));
+    let last_of_new = *ids.last().unwrap();
+
+    // Released by this version's node, the worker id goes back to the node of 0.9.0.
+    drop(on_new);
+    new.cluster.stop("fast");
+    assert_eq!(etcd.get("/snowid/workers/0"), None);
+    old.cluster.start_again();
+    let mut on_old = old.cluster.connect();
+    let state = wait_for_lease_state(&mut on_old, "held", Duration::from_secs(15));
+    assert_eq!(state, "held", "{:?}", status(&mut on_old));
+    let (first, _) = next_id_once_issuing(
+        &mut on_old,
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        taken,
+    );
+    assert!(first > last_of_new, "{first} <= {last_of_new}");
+    ids.push(first);
+    let distinct: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len());
 }

@@ -28,6 +28,8 @@
 //!   shutdown, and as the first of two hosts is given up after its connect_timeout; with no host
 //!   answering, each one's failure is named; a registry that stops answering delays a holder's
 //!   fast shutdown, which tries to release the lease, by at most a second.
+//! - Versions: nodes of 0.9.0, built from its commit, beside nodes of this version, on a registry
+//!   of 0.9.0 updated under them, and passing a worker id both ways on a registry of this version.
 
 use postgres::types::ToSql;
 use postgres::Client;
@@ -36,8 +38,9 @@ use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, calls_every,
     calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids,
-    new_holder_wait_ms, no_registry_here, query_pair, query_value, signal_all, wait_for,
-    wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node, WhileDown, NEW_REGISTRY,
+    new_holder_wait_ms, next_id, next_id_once_issuing, no_registry_here, query_pair, query_value,
+    signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node,
+    WhileDown, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -1516,14 +1519,14 @@ fn a_new_registry_first_grants_a_lease_ttl_after_its_first_claim_unless_said_to_
     assert_eq!((waits[0].1, waits[1].1), (9000, 0));
 }
 
-/// Nodes of this version on a registry of snowid 0.9.0, whose lease functions decide in PL/pgSQL:
-/// one with its own worker id, one leasing any. They hold their leases and issue; the registry is
+/// Nodes of 0.9.0 and of this version on a registry of snowid 0.9.0, whose lease functions decide
+/// in PL/pgSQL: a node of 0.9.0 (built from its commit) with its own worker id, one of this version
+/// with its own, one of this version leasing any. They hold their leases and issue; the registry is
 /// updated to this version under them (`ALTER EXTENSION snowid UPDATE`, its functions then calling
 /// the grant rule in snowid's library), and each renews its lease as the same holder and issues on,
-/// with no call refused and no id twice. A node of 0.9.0 sends the same calls as these (the claim
-/// SQL has not changed since), so the updated registry serves it as it serves them.
+/// with no call refused and no id twice.
 #[test]
-fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() {
+fn nodes_of_0_9_0_and_of_this_version_renew_through_their_registrys_update_with_no_call_refused() {
     let registry = Cluster::start("mixed-registry", &[]);
     let mut admin = registry.connect();
     admin
@@ -1531,13 +1534,15 @@ fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() 
         .unwrap();
     let conninfo = superuser_conninfo(&registry);
     let short_lease = ["snowid.lease_ttl = 3"];
+    let old = Node::start_release("0.9.0", "mixed-old", Some(7), &conninfo, &short_lease);
     let fixed = Node::start("mixed-fixed", Some(6), &conninfo, &short_lease);
     let any = Node::start("mixed-any", None, &conninfo, &short_lease);
+    assert_holds(&old, 7);
     assert_holds(&fixed, 6);
     assert_holds(&any, 0);
-    let holders: Vec<Option<String>> = [6, 0].map(|w| lease_row(&mut admin, w).0).into();
-    let (calls, ()) = calls_during(&[&fixed, &any], |_| {
-        await_two_renewals(&mut admin, 6, &holders[0]);
+    let holders: Vec<Option<String>> = [7, 6, 0].map(|w| lease_row(&mut admin, w).0).into();
+    let (calls, ()) = calls_during(&[&old, &fixed, &any], |_| {
+        await_two_renewals(&mut admin, 6, &holders[1]);
         admin
             .batch_execute("ALTER EXTENSION snowid UPDATE")
             .unwrap();
@@ -1547,10 +1552,15 @@ fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() 
                JOIN pg_available_extensions a ON a.name = e.extname WHERE e.extname = 'snowid'",
         );
         assert!(updated);
-        await_two_renewals(&mut admin, 6, &holders[0]);
-        await_two_renewals(&mut admin, 0, &holders[1]);
+        for (worker_id, holder) in [7, 6, 0].iter().zip(&holders) {
+            await_two_renewals(&mut admin, *worker_id, holder);
+        }
     });
-    for (node, calls, worker_id) in [(&fixed, &calls[0], 6), (&any, &calls[1], 0)] {
+    for (node, calls, worker_id) in [
+        (&old, &calls[0], 7),
+        (&fixed, &calls[1], 6),
+        (&any, &calls[2], 0),
+    ] {
         let results: Vec<_> = calls.iter().map(|call| call.result.clone()).collect();
         let ids = increasing_ids(&results, &node.name);
         assert_eq!(ids.len(), calls.len(), "{}: every call issued", node.name);
@@ -1568,6 +1578,64 @@ fn nodes_renew_through_their_registrys_update_from_0_9_0_with_no_call_refused() 
         .query_one("SELECT snowid_handover(6)", &[])
         .unwrap_err();
     assert_eq!(error_text(&handover), no_registry_here("postgres"));
+}
+
+/// A worker id passed between a node of 0.9.0 and one of this version, both ways, on a registry
+/// of this version: each is refused while the other holds it, naming the other; each takes it
+/// once the other released it (a clean shutdown) or its lease ran out (a crash), and its first id
+/// lies above every id the other issued.
+#[test]
+fn a_worker_id_passes_between_nodes_of_0_9_0_and_of_this_version_above_every_id_issued() {
+    let registry = registry("handover-registry", &[]);
+    let conninfo = superuser_conninfo(&registry);
+    let short_lease = ["snowid.lease_ttl = 3"];
+    let old = Node::start_release("0.9.0", "handover-old", Some(6), &conninfo, &short_lease);
+    assert_holds(&old, 6);
+    let new = Node::start("handover-new", Some(6), &conninfo, &short_lease);
+    let mut ids = vec![];
+    for (holder, next) in [(&old, &new), (&new, &old)] {
+        let mut next_client = next.cluster.connect();
+        let state = wait_for_lease_state(&mut next_client, HELD_BY_OTHER, Duration::from_secs(15));
+        assert_eq!(state, HELD_BY_OTHER, "{}", next.name);
+        let refusal = next_id(&mut next_client).unwrap_err();
+        let expected = format!(
+            "55000: snowid refuses to issue ids: worker id 6 is leased by another server, {}, until ",
+            holder.holder_name()
+        );
+        assert!(refusal.starts_with(&expected), "{refusal}");
+        let mut holder_client = holder.cluster.connect();
+        let before: Vec<i64> = (0..100)
+            .map(|_| next_id(&mut holder_client).unwrap())
+            .collect();
+        drop(holder_client);
+        if holder.name == old.name {
+            holder.cluster.stop("fast");
+        } else {
+            holder.cluster.kill_postmaster();
+        }
+        let state = wait_for_lease_state(&mut next_client, "held", Duration::from_secs(10));
+        assert_eq!(state, "held", "{}", next.name);
+        let (first, _) = next_id_once_issuing(
+            &mut next_client,
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            |refusal| refusal.contains("this server has just taken the lease on worker id 6"),
+        );
+        let last_before = *before.iter().max().unwrap();
+        assert!(
+            first > last_before,
+            "{}: {first} <= {last_before}",
+            next.name
+        );
+        ids.extend(before);
+        ids.push(first);
+        if holder.name == old.name {
+            // The node of 0.9.0 comes back, to find its worker id held by this version's node.
+            old.cluster.start_again();
+        }
+    }
+    let distinct: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), 202);
 }
 
 /// A node that leases any worker id, restarted after its machine rebooted (`/dev/shm` emptied)
