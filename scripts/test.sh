@@ -187,11 +187,12 @@ fault_schedules() {
     return "$status"
 }
 
-# cluster_test_builds: the cluster tests, and snowid 0.9.0 in a copy of PostgreSQL 15 for the tests
-# that run its nodes beside this version's.
+# cluster_test_builds: the cluster tests; snowid 0.9.0 in a copy of PostgreSQL 15, for the tests
+# that run its nodes beside this version's; what the client examples' test installs.
 cluster_test_builds() {
     (cd tests/cluster && PG_CONFIG="$PG_CONFIG" cargo nextest run --release --no-run)
     build_release 0.9.0
+    clients/run.sh --install
 }
 
 # test_major MAJOR PROFILE: every step on MAJOR, with the cluster tests of nextest's PROFILE; with
