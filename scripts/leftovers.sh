@@ -17,12 +17,15 @@ leftover_pids() {
     done
 }
 
-# end_processes PID...: the processes and their children, thawed (a fault may have stopped them)
-# and killed together, so that no Patroni restarts a server in between.
+# end_processes PID...: the processes and all their descendants, thawed (a fault may have stopped
+# them) and killed together, so that no Patroni restarts a server in between.
 end_processes() {
-    local all=("$@") pid
+    local all=("$@") next=0
     [ $# -gt 0 ] || return 0
-    for pid in "$@"; do mapfile -t -O "${#all[@]}" all < <(pgrep -P "$pid" || true); done
+    while [ "$next" -lt ${#all[@]} ]; do
+        mapfile -t -O "${#all[@]}" all < <(pgrep -P "${all[$next]}" || true)
+        next=$((next + 1))
+    done
     as_root kill -CONT "${all[@]}" 2>/dev/null || true
     as_root kill -KILL "${all[@]}" 2>/dev/null || true
 }

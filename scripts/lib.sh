@@ -66,11 +66,11 @@ pg_config_of() {
 # runpath out of the Debian package's library. Testing, also: postgresql-15-partman for the
 # partitioning tests; Patroni and etcd for the failover and etcd registry tests; postgres_exporter
 # and Prometheus (for promtool) for the monitoring tests; nftables and iproute2 for the fault
-# schedule's network.
+# schedule's network; procps (pgrep) for scripts/leftovers.sh.
 BUILD_PACKAGES=(postgresql-15 postgresql-server-dev-15 libpq-dev libcurl4-openssl-dev curl openssl clang
     libclang-dev pkg-config libssl-dev sudo make bzip2 bison flex libicu-dev zlib1g-dev patchelf)
 TEST_PACKAGES=(postgresql-15-partman patroni etcd-server etcd-client prometheus-postgres-exporter prometheus
-    nftables iproute2)
+    nftables iproute2 procps)
 
 # install_packages PURPOSE: the Debian packages that PURPOSE (build or test) needs, when missing.
 install_packages() {
@@ -195,35 +195,41 @@ install_snowid() {
     as_root install -m 644 "$REPO"/sql/snowid--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 }
 
-# The commit each earlier release was built from, for the tests that run its nodes beside this
-# version's (tests/cluster/tests/versions.rs): 0.9.0's is the last before its changelog opened the
-# next release.
+# The commit each earlier release was built from, for the cluster tests that run its nodes beside
+# this version's (fleet.rs, etcd.rs): 0.9.0's is the last before its changelog opened the next
+# release.
 declare -A RELEASE_COMMITS=([0.9.0]=38f53a1e776759dbb2ac9a6399b2d967ee612a3f)
 
 # build_release VERSION: snowid VERSION built from its commit into a copy of Debian's PostgreSQL 15
 # under target/snowid-VERSION, once. PostgreSQL finds its library and share directories relative
 # to its programs, so that copy's servers load VERSION's library and scripts and nothing of this
-# checkout's. The build shares target/ with this checkout's, whose dependencies it mostly reuses.
+# checkout's. It builds in target/releases: in this checkout's target directory, its library would
+# overwrite this version's, which cargo would then take for fresh.
 build_release() {
-    local version=$1 commit=${RELEASE_COMMITS[$1]} root=$REPO/target/snowid-$1 src
+    local version=$1 commit=${RELEASE_COMMITS[$1]} root=$REPO/target/snowid-$1
     local lib=usr/lib/postgresql/15 share=usr/share/postgresql/15
+    # Outside this checkout, whose workspace would claim it.
+    local src=${TMPDIR:-/tmp}/snowid-$version-source
+    local git=(git -c safe.directory="$REPO" -C "$REPO")
     [ "$(cat "$root/built-from" 2>/dev/null)" = "$commit" ] && return 0
     echo "==> building snowid $version from $commit into a copy of PostgreSQL 15"
-    git -C "$REPO" cat-file -e "$commit^{commit}" 2>/dev/null || {
+    "${git[@]}" cat-file -e "$commit^{commit}" || {
         echo "build_release: this clone lacks $commit, snowid $version's commit: clone with its history" >&2
         return 1
     }
-    rm -rf "$root"
-    mkdir -p "$(dirname "$root/$lib")" "$(dirname "$root/$share")"
+    rm -rf "$root" "$src"
+    mkdir -p "$(dirname "$root/$lib")" "$(dirname "$root/$share")" "$src"
     cp -a "/$lib" "$root/$lib"
     cp -a "/$share" "$root/$share"
     rm -f "$root/$lib/lib/snowid.so" "$root/$share/extension"/snowid[.-]*
-    # Outside this checkout, whose workspace would claim it.
-    src=$(mktemp -d)
-    git -C "$REPO" archive "$commit" | tar -x -C "$src"
+    "${git[@]}" archive "$commit" | tar -x -C "$src"
     (cd "$src" && CARGO_TARGET_DIR=$REPO/target/releases cargo pgrx package --pg-config "$(pg_config_of 15)" \
         --out-dir "$root" >"$root/build.log" 2>&1) || { tail -n 20 "$root/build.log" >&2; return 1; }
     rm -rf "$src"
+    as_cluster_owner test -x "$root/$lib/bin/postgres" || {
+        echo "build_release: the postgres user cannot run $root/$lib/bin/postgres: let it reach $REPO" >&2
+        return 1
+    }
     echo "$commit" >"$root/built-from"
 }
 

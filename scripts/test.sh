@@ -49,8 +49,12 @@ end_step() {
     step=()
 }
 step=("${PG_MAJOR:-15}" set-up "$SECONDS")
-# The report never changes the run's exit status.
-trap 'end_step; python3 "$scripts/timings.py" "$times" || true' EXIT
+# The builds fault_schedules starts beside the schedules, while they run.
+background_builds=
+# A run that ends early leaves no build behind to hold cargo's lock (end_processes, of
+# scripts/leftovers.sh); the report never changes the run's exit status.
+trap 'if [ -n "$background_builds" ]; then end_processes "$background_builds"; fi
+    end_step; python3 "$scripts/timings.py" "$times" || true' EXIT
 
 source "$scripts/lib.sh"
 source "$scripts/leftovers.sh"
@@ -174,16 +178,18 @@ FAULT_SCHEDULE_SEED=2026
 
 # fault_schedules: three minutes of the fault schedule from FAULT_SCHEDULE_SEED, then three from a
 # seed drawn at random; each prints the command that replays it. The schedules wait on timers
-# mostly, and their checks time nothing closer than 20 s: beside them, at the lowest CPU priority,
-# what the cluster tests build (cluster_test_builds).
+# mostly, and their checks time nothing closer than 20 s: beside them, at nice 19, what the cluster
+# tests build (cluster_test_builds).
 fault_schedules() {
-    local status=0 builds builds_log=$times/cluster-test-builds.log
+    local status=0 builds_log=$times/cluster-test-builds.log
     build_nemesis
     (renice -n 19 "$BASHPID" >/dev/null && cluster_test_builds) >"$builds_log" 2>&1 &
-    builds=$!
+    background_builds=$!
     scripts/nemesis.sh --no-install --built --seed "$FAULT_SCHEDULE_SEED" --minutes 3 || status=$?
     scripts/nemesis.sh --no-install --built --registry etcd --minutes 3 || status=$?
-    wait "$builds" || { cat "$builds_log" >&2; echo "the cluster tests' builds failed" >&2; status=1; }
+    wait "$background_builds" ||
+        { cat "$builds_log" >&2; echo "the cluster tests' builds failed" >&2; status=1; }
+    background_builds=
     return "$status"
 }
 

@@ -96,8 +96,8 @@ impl Cluster {
         }
     }
 
-    /// Like [`Cluster::start_preloading_snowid`], on Debian's PostgreSQL 15 with snowid `version`,
-    /// an earlier release, installed: see [`release_bindir`].
+    /// Like [`Cluster::start_preloading_snowid`] with a fake clock, on Debian's PostgreSQL 15 with
+    /// snowid `version`, an earlier release, installed: see [`release_bindir`].
     pub fn start_preloading_release(
         version: &str,
         name: &str,
@@ -107,7 +107,15 @@ impl Cluster {
         let all = preloading_snowid(name, snowid, settings);
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
         let bindir = release_bindir(version);
-        Cluster::create_in(bindir, &std::env::temp_dir(), name, &all, false, None)
+        Cluster::create_in(bindir, &std::env::temp_dir(), name, &all, true, None)
+    }
+
+    /// Stops the server (fast) and starts it again from the programs in `bindir`, with the library
+    /// and scripts installed beside them: a server's package replaced by another release's.
+    pub fn restart_on(&mut self, bindir: PathBuf) {
+        self.stop("fast");
+        self.bindir = bindir;
+        self.start_again();
     }
 
     /// A running server named `name` that preloads snowid with worker id `worker_id` and then
@@ -1373,7 +1381,7 @@ impl Node {
         }
     }
 
-    /// Like [`Node::start`], a node of snowid `version`, an earlier release (see
+    /// Like [`Node::start_with_fake_clock`], a node of snowid `version`, an earlier release (see
     /// [`release_bindir`]).
     pub fn start_release(
         version: &str,

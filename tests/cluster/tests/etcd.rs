@@ -1560,9 +1560,10 @@ fn a_held_up_holder_whose_worker_id_was_freed_twice_by_hand_is_fenced_off_beside
 /// Nodes of 0.9.0 (built from its commit) and of this version on one etcd, each reading the keys
 /// the other wrote. A node of this version leasing any worker id passes over the one whose keys a
 /// node of 0.9.0 holds; one configured with that worker id is refused, naming the 0.9.0 node, and
-/// takes it once that node crashed and its etcd lease ran out, above its mark and every id it
-/// issued. Released at a clean shutdown, the worker id goes back to the node of 0.9.0, started
-/// again, above every id of this version's node. No id twice.
+/// takes it once that node crashed and its etcd lease ran out. Released at a clean shutdown, the
+/// worker id goes back to the node of 0.9.0, started again. Each taker's clock reads about 4 s
+/// behind the last ids of the node before it: it refuses until its clock passes the mark that
+/// node left, and its first id lies above every id that node issued. No id twice.
 #[test]
 fn nodes_of_0_9_0_and_of_this_version_read_each_others_keys_and_pass_a_worker_id_above_every_id() {
     const TTL: &str = "snowid.lease_ttl = 6";
@@ -1576,7 +1577,7 @@ fn nodes_of_0_9_0_and_of_this_version_read_each_others_keys_and_pass_a_worker_id
     assert_eq!(etcd.get("/snowid/workers/0"), Some(old.holder_name()));
     let any = node("etcd-any", None, &registry, 6);
     assert_eq!(status(&mut any.cluster.connect()).1, Some(1));
-    let new = Node::start("etcd-new", Some(0), &registry, &[TTL]);
+    let new = Node::start_with_fake_clock("etcd-new", Some(0), &registry, &[TTL]);
     let mut on_new = new.cluster.connect();
     let state = wait_for_lease_state(
         &mut on_new,
@@ -1612,17 +1613,21 @@ fn nodes_of_0_9_0_and_of_this_version_read_each_others_keys_and_pass_a_worker_id
     // The node of 0.9.0 crashes: its keys stay until their etcd lease runs out.
     drop(on_old);
     let mark_of_old = mark(&etcd, 0);
+    // Its lease runs out up to 6 s after the crash: behind by 10 s, the taker's clock is then still
+    // about 4 s behind the last ids of the node of 0.9.0.
+    new.cluster.set_clock_offset("-10");
     old.cluster.kill_postmaster();
     let state = wait_for_lease_state(&mut on_new, "held", Duration::from_secs(15));
     assert_eq!(state, "held", "{:?}", status(&mut on_new));
     let taken =
         |refusal: &str| refusal.contains("this server has just taken the lease on worker id 0");
-    let (first, _) = next_id_once_issuing(
+    let (first, refusals) = next_id_once_issuing(
         &mut on_new,
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         Duration::from_millis(50),
         taken,
     );
+    assert!(!refusals.is_empty(), "issued at once");
     assert!(
         millis_of(first) >= mark_of_old,
         "{first}: mark {mark_of_old}"
@@ -1636,16 +1641,18 @@ fn nodes_of_0_9_0_and_of_this_version_read_each_others_keys_and_pass_a_worker_id
     drop(on_new);
     new.cluster.stop("fast");
     assert_eq!(etcd.get("/snowid/workers/0"), None);
+    old.cluster.set_clock_offset("-14");
     old.cluster.start_again();
     let mut on_old = old.cluster.connect();
     let state = wait_for_lease_state(&mut on_old, "held", Duration::from_secs(15));
     assert_eq!(state, "held", "{:?}", status(&mut on_old));
-    let (first, _) = next_id_once_issuing(
+    let (first, refusals) = next_id_once_issuing(
         &mut on_old,
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         Duration::from_millis(50),
         taken,
     );
+    assert!(!refusals.is_empty(), "issued at once");
     assert!(first > last_of_new, "{first} <= {last_of_new}");
     ids.push(first);
     let distinct: HashSet<i64> = ids.iter().copied().collect();

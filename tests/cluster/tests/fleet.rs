@@ -38,9 +38,9 @@ use snowid_cluster_tests::tls::{certificate, certificate_authority};
 use snowid_cluster_tests::{
     assert_a_crash_restart, assert_fenced_off_then_taken, calls_during, calls_every,
     calls_until_issuing, distinct_ids, error_text, give_to_postgres, increasing_ids,
-    new_holder_wait_ms, next_id, next_id_once_issuing, no_registry_here, query_pair, query_value,
-    signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call, Cluster, Node,
-    WhileDown, NEW_REGISTRY,
+    new_holder_wait_ms, next_id, next_id_once_issuing, no_registry_here, pg_config, query_pair,
+    query_value, signal_all, wait_for, wait_for_lease_state, watch_conflict_refusals, Call,
+    Cluster, Node, WhileDown, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::fs;
@@ -1581,9 +1581,10 @@ fn nodes_of_0_9_0_and_of_this_version_renew_through_their_registrys_update_with_
 }
 
 /// A worker id passed between a node of 0.9.0 and one of this version, both ways, on a registry
-/// of this version: each is refused while the other holds it, naming the other; each takes it
-/// once the other released it (a clean shutdown) or its lease ran out (a crash), and its first id
-/// lies above every id the other issued.
+/// of this version: each is refused while the other holds it, naming the other, and takes it once
+/// the other released it (a clean shutdown) or its lease ran out (a crash). Its clock then reads 3
+/// to 5 s behind the other's last ids: it refuses until the clock passes the mark the other left,
+/// and its first id lies above every id the other issued.
 #[test]
 fn a_worker_id_passes_between_nodes_of_0_9_0_and_of_this_version_above_every_id_issued() {
     let registry = registry("handover-registry", &[]);
@@ -1591,9 +1592,11 @@ fn a_worker_id_passes_between_nodes_of_0_9_0_and_of_this_version_above_every_id_
     let short_lease = ["snowid.lease_ttl = 3"];
     let old = Node::start_release("0.9.0", "handover-old", Some(6), &conninfo, &short_lease);
     assert_holds(&old, 6);
-    let new = Node::start("handover-new", Some(6), &conninfo, &short_lease);
+    let new = Node::start_with_fake_clock("handover-new", Some(6), &conninfo, &short_lease);
     let mut ids = vec![];
-    for (holder, next) in [(&old, &new), (&new, &old)] {
+    // The taker's clock: behind the holder's by 4 s, and by 8 s more the second time, as the
+    // holder's own clock was then 4 s behind and its lease runs out up to 3 s after its crash.
+    for (holder, next, behind) in [(&old, &new, "-4"), (&new, &old, "-12")] {
         let mut next_client = next.cluster.connect();
         let state = wait_for_lease_state(&mut next_client, HELD_BY_OTHER, Duration::from_secs(15));
         assert_eq!(state, HELD_BY_OTHER, "{}", next.name);
@@ -1608,6 +1611,7 @@ fn a_worker_id_passes_between_nodes_of_0_9_0_and_of_this_version_above_every_id_
             .map(|_| next_id(&mut holder_client).unwrap())
             .collect();
         drop(holder_client);
+        next.cluster.set_clock_offset(behind);
         if holder.name == old.name {
             holder.cluster.stop("fast");
         } else {
@@ -1615,12 +1619,13 @@ fn a_worker_id_passes_between_nodes_of_0_9_0_and_of_this_version_above_every_id_
         }
         let state = wait_for_lease_state(&mut next_client, "held", Duration::from_secs(10));
         assert_eq!(state, "held", "{}", next.name);
-        let (first, _) = next_id_once_issuing(
+        let (first, refusals) = next_id_once_issuing(
             &mut next_client,
-            Duration::from_secs(10),
+            Duration::from_secs(20),
             Duration::from_millis(50),
             |refusal| refusal.contains("this server has just taken the lease on worker id 6"),
         );
+        assert!(!refusals.is_empty(), "{} issued at once", next.name);
         let last_before = *before.iter().max().unwrap();
         assert!(
             first > last_before,
@@ -1636,6 +1641,51 @@ fn a_worker_id_passes_between_nodes_of_0_9_0_and_of_this_version_above_every_id_
     }
     let distinct: HashSet<i64> = ids.iter().copied().collect();
     assert_eq!(distinct.len(), 202);
+}
+
+/// A node of 0.9.0 whose package is replaced by this version's and restarted with its clock set
+/// back 3 s: it holds its worker id again, refuses until its clock passes what its run of 0.9.0
+/// could have issued, then issues above every id of that run; `ALTER EXTENSION snowid UPDATE` in
+/// its database follows, as docs/operations.md says, and it issues on.
+#[test]
+fn a_node_of_0_9_0_restarted_on_this_version_issues_above_every_id_it_issued_before() {
+    let registry = registry("in-place-registry", &[]);
+    let conninfo = superuser_conninfo(&registry);
+    let short_lease = ["snowid.lease_ttl = 3"];
+    let mut node = Node::start_release("0.9.0", "in-place", Some(9), &conninfo, &short_lease);
+    assert_holds(&node, 9);
+    let mut client = node.cluster.connect();
+    let before: Vec<i64> = (0..100).map(|_| next_id(&mut client).unwrap()).collect();
+    drop(client);
+    node.cluster.set_clock_offset("-3");
+    node.cluster
+        .restart_on(PathBuf::from(pg_config("--bindir")));
+    let mut client = node.cluster.connect();
+    let library_dir: String = query_value(
+        &mut client,
+        "SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'",
+    );
+    assert_eq!(library_dir, pg_config("--pkglibdir"));
+    assert_holds(&node, 9);
+    let (first, refusals) = next_id_once_issuing(
+        &mut client,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        |refusal| refusal.contains("this server has just taken the lease on worker id 9"),
+    );
+    assert!(!refusals.is_empty(), "issued at once");
+    let last_before = *before.iter().max().unwrap();
+    assert!(first > last_before, "{first} <= {last_before}");
+    client
+        .batch_execute("ALTER EXTENSION snowid UPDATE")
+        .unwrap();
+    let version: String = query_value(
+        &mut client,
+        "SELECT extversion FROM pg_extension WHERE extname = 'snowid'",
+    );
+    assert_eq!(version, "0.10.0");
+    let after: Vec<i64> = (0..100).map(|_| next_id(&mut client).unwrap()).collect();
+    assert!(after.windows(2).all(|pair| pair[0] < pair[1]) && after[0] > first);
 }
 
 /// A node that leases any worker id, restarted after its machine rebooted (`/dev/shm` emptied)
