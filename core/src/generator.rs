@@ -202,27 +202,36 @@ pub struct Grant {
 /// so that the state can live in shared memory. All zeroes is the valid initial state: nothing
 /// issued, gate closed.
 #[derive(Debug, Default)]
-#[repr(C, align(64))]
+#[repr(C, align(128))]
 pub struct IssuingState {
     /// The last stamp and the gate's generation (see `GENERATION_SHIFT`).
     last_stamp: AtomicU64,
-    /// The gate's generation, `reserved_until_ms` and worker id (see `Gate`); `reserved_until_ms`
-    /// is 0 while closed.
-    gate: AtomicU64,
-    gate_deadline_ns: AtomicU64,
-    /// The grant's `moves_up_to_ms`; 0 while closed.
-    gate_moves_up_to_ms: AtomicU64,
     ids_issued: AtomicU64,
     sequence_overflow_waits: AtomicU64,
     clock_backward_waits: AtomicU64,
     clock_backward_refusals: AtomicU64,
     ceiling_waits: AtomicU64,
+    gate: GateWords,
     /// Written by every refused call (see `refusals`).
     refusals: Refusals,
     /// Written only by `open_gate`, which the lease worker alone calls.
     grants: GrantHistory,
     /// The time ids are issued at, kept by the lease worker.
     trusted_offset: TrustedOffset,
+}
+
+/// The gate, which every caller reads and the lease worker alone writes, on cache lines of its own
+/// (128 bytes, as PostgreSQL counts a line): beside the stamp word, which every claim writes, each
+/// read of the gate after a claim on another core would wait for the line to come back.
+#[derive(Debug, Default)]
+#[repr(C, align(128))]
+struct GateWords {
+    /// The gate's generation, `reserved_until_ms` and worker id (see `Gate`); `reserved_until_ms`
+    /// is 0 while closed.
+    word: AtomicU64,
+    deadline_ns: AtomicU64,
+    /// The grant's `moves_up_to_ms`; 0 while closed.
+    moves_up_to_ms: AtomicU64,
 }
 
 /// What the gate was opened with before, so that a new grant never lets an id fall below one
@@ -354,8 +363,8 @@ impl IssuingState {
             Next::WaitForNextMilli => return Ok(Look::NextMilli { last }),
             Next::ClockBehind { by_ms } => return Ok(Look::ClockBehind { last, by_ms }),
         };
-        let gate = Gate::unpack(self.gate.load(Ordering::SeqCst));
-        let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
+        let gate = Gate::unpack(self.gate.word.load(Ordering::SeqCst));
+        let deadline_ns = self.gate.deadline_ns.load(Ordering::SeqCst);
         if monotonic_ns >= deadline_ns {
             return Err(Refusal::NotLeased);
         }
@@ -364,7 +373,7 @@ impl IssuingState {
             return Ok(Look::GateChanging { until_deadline });
         }
         if now >= gate.reserved_until_ms {
-            if now >= self.gate_moves_up_to_ms.load(Ordering::SeqCst) {
+            if now >= self.gate.moves_up_to_ms.load(Ordering::SeqCst) {
                 return Err(Refusal::BoundReached);
             }
             return Ok(Look::AtCeiling { until_deadline });
@@ -427,10 +436,10 @@ impl IssuingState {
         let Ok(now) = clock_millis(clock) else {
             return false;
         };
-        let gate = Gate::unpack(self.gate.load(Ordering::SeqCst));
+        let gate = Gate::unpack(self.gate.word.load(Ordering::SeqCst));
         now >= layout::stamp_millis(last)
             && now < gate.reserved_until_ms
-            && clock.monotonic_ns() < self.gate_deadline_ns.load(Ordering::SeqCst)
+            && clock.monotonic_ns() < self.gate.deadline_ns.load(Ordering::SeqCst)
     }
 
     /// The counts of refused calls and the episode under way.
@@ -455,7 +464,7 @@ impl IssuingState {
     /// How much longer the lease lets this server issue, on CLOCK_BOOTTIME; zero while the gate is
     /// closed.
     pub fn lease_left(&self, clock: &impl Clock) -> Duration {
-        let deadline_ns = self.gate_deadline_ns.load(Ordering::SeqCst);
+        let deadline_ns = self.gate.deadline_ns.load(Ordering::SeqCst);
         if deadline_ns == 0 {
             return Duration::ZERO;
         }
@@ -514,16 +523,18 @@ impl IssuingState {
             }
             self.grants.lifted_to.store(lift_to, Ordering::SeqCst);
         }
-        self.gate_deadline_ns
+        self.gate
+            .deadline_ns
             .store(grant.deadline_ns, Ordering::SeqCst);
-        self.gate_moves_up_to_ms
+        self.gate
+            .moves_up_to_ms
             .store(grant.moves_up_to_ms, Ordering::SeqCst);
         let gate = Gate {
             generation,
             reserved_until_ms: grant.reserved_until_ms.min(MAX_MILLIS + 1),
             worker_id: grant.worker_id,
         };
-        self.gate.store(gate.pack(), Ordering::SeqCst);
+        self.gate.word.store(gate.pack(), Ordering::SeqCst);
     }
 
     /// Whether `grant`, with no floor to apply, is the grant in force already, its change
@@ -531,15 +542,15 @@ impl IssuingState {
     /// move the generation on (its 2,048 values wrap, so it moves only on a change). Called by the
     /// lease worker, the one writer of the gate.
     fn in_force(&self, grant: &Grant) -> bool {
-        let gate = Gate::unpack(self.gate.load(Ordering::SeqCst));
+        let gate = Gate::unpack(self.gate.word.load(Ordering::SeqCst));
         grant.floor_ms.is_none()
             && self.grants.worker_id_plus_one.load(Ordering::SeqCst)
                 == u64::from(grant.worker_id) + 1
             && gate.generation == word_generation(self.last_stamp.load(Ordering::SeqCst))
             && gate.worker_id == grant.worker_id
             && gate.reserved_until_ms == grant.reserved_until_ms.min(MAX_MILLIS + 1)
-            && self.gate_deadline_ns.load(Ordering::SeqCst) == grant.deadline_ns
-            && self.gate_moves_up_to_ms.load(Ordering::SeqCst) == grant.moves_up_to_ms
+            && self.gate.deadline_ns.load(Ordering::SeqCst) == grant.deadline_ns
+            && self.gate.moves_up_to_ms.load(Ordering::SeqCst) == grant.moves_up_to_ms
     }
 
     /// Stops issuing and returns the smallest millisecond above every id issued. The generation
@@ -561,14 +572,14 @@ impl IssuingState {
             }
         };
         // The deadline first: a caller that reads the closed gate reads no deadline of the grant before.
-        self.gate_deadline_ns.store(0, Ordering::SeqCst);
-        self.gate_moves_up_to_ms.store(0, Ordering::SeqCst);
+        self.gate.deadline_ns.store(0, Ordering::SeqCst);
+        self.gate.moves_up_to_ms.store(0, Ordering::SeqCst);
         let closed = Gate {
             generation,
             reserved_until_ms: 0,
             worker_id: 0,
         };
-        self.gate.store(closed.pack(), Ordering::SeqCst);
+        self.gate.word.store(closed.pack(), Ordering::SeqCst);
         let now = layout::millis_since_epoch(clock.unix_millis()).unwrap_or(0);
         now.max(layout::stamp_millis(last)) + 1
     }
@@ -617,9 +628,9 @@ impl IssuingState {
         Words(
             [
                 &self.last_stamp,
-                &self.gate,
-                &self.gate_deadline_ns,
-                &self.gate_moves_up_to_ms,
+                &self.gate.word,
+                &self.gate.deadline_ns,
+                &self.gate.moves_up_to_ms,
                 &self.grants.worker_id_plus_one,
                 &self.grants.lifted_to,
                 &self.grants.issued_before_lift,
@@ -633,9 +644,11 @@ impl IssuingState {
             words.map(AtomicU64::new);
         IssuingState {
             last_stamp,
-            gate,
-            gate_deadline_ns,
-            gate_moves_up_to_ms,
+            gate: GateWords {
+                word: gate,
+                deadline_ns: gate_deadline_ns,
+                moves_up_to_ms: gate_moves_up_to_ms,
+            },
             grants: GrantHistory {
                 worker_id_plus_one,
                 lifted_to,
