@@ -317,8 +317,8 @@ impl IssuingState {
                         }
                     }
                     // The clock alone while it reads the full millisecond, up to the wait's limit:
-                    // `look` reads the stamp word for writing, which would take its line from the
-                    // callers claiming.
+                    // reading the stamp word on every turn would pull its line from the callers
+                    // claiming.
                     let since = overflow_wait.map_or(0, |(_, since)| since);
                     loop {
                         waiter.check_interrupts();
@@ -357,16 +357,16 @@ impl IssuingState {
     }
 
     /// One look at the stamp word, the clocks and the gate: the claim a caller would swap in, or
-    /// what stands in its way. Nothing is written; `swap` then claims, if nothing changed between.
-    /// The monotonic reading is the one taken with the wall clock's, before the gate is read: a
-    /// caller held up after it is one held up before its swap, which the lease's stop margin
-    /// covers as ever, and one reading fewer keeps the time between the word's load and its swap
-    /// short.
+    /// what stands in its way. No value changes; `swap` then claims, if nothing changed between.
+    /// The monotonic reading is the one taken with the wall clock's, before the word and the gate
+    /// are read: a caller held up after it is one held up before its swap, which the lease's stop
+    /// margin covers as ever.
     #[inline(always)]
     pub fn look(&self, clock: &impl Clock, wanted: u32) -> Result<Look, Refusal> {
         let (mut now, mut monotonic_ns) = clock_readings(clock)?;
-        // The word after the clocks, read for writing: the claim's compare-and-swap then follows
-        // within nanoseconds, mostly before a claim on another core takes the line back.
+        // The word after the clocks, so that the claim's compare-and-swap follows its read within
+        // nanoseconds, mostly before a claim on another core takes the line back. (The compiler
+        // emits this fetch_or as a fence and a plain load, not a read for ownership.)
         let word = self.last_stamp.fetch_or(0, Ordering::AcqRel);
         let last = word_stamp(word);
         if layout::stamp_millis(last) > now {
