@@ -1154,73 +1154,71 @@ mod tests {
         assert!(!state.would_issue(&clock));
     }
 
-    /// A clock that runs `hook` once, at the first look at its monotonic clock: in a call that
-    /// claims stamps, right after the call read the gate and before its compare-and-swap.
-    struct HeldAfterTheGate<'a> {
-        clock: &'a ScriptedClock,
-        hook: RefCell<Option<Box<dyn FnOnce() + 'a>>>,
-    }
-
-    impl<'a> HeldAfterTheGate<'a> {
-        fn new(clock: &'a ScriptedClock, hook: impl FnOnce() + 'a) -> Self {
-            HeldAfterTheGate {
-                clock,
-                hook: RefCell::new(Some(Box::new(hook))),
-            }
-        }
-    }
-
-    impl Clock for HeldAfterTheGate<'_> {
-        fn unix_millis(&self) -> i64 {
-            self.clock.unix_millis()
-        }
-        fn monotonic_ns(&self) -> u64 {
-            let hook = self.hook.borrow_mut().take();
-            if let Some(hook) = hook {
-                hook();
-            }
-            self.clock.monotonic_ns()
-        }
+    /// A claim held between its look and its swap while `change` runs, as a change of the gate by
+    /// the lease worker lands while a caller on another core is between the two: the claim looked
+    /// at, and what its swap then claimed.
+    fn held_across(
+        state: &IssuingState,
+        clock: &ScriptedClock,
+        wanted: u32,
+        change: impl FnOnce(),
+    ) -> (Pending, Option<StampRun>) {
+        let pending = match state.look(clock, wanted) {
+            Ok(Look::Claim(pending)) => pending,
+            other => panic!("no claim to hold: {other:?}"),
+        };
+        change();
+        (pending, state.swap(pending))
     }
 
     #[test]
     fn a_claim_held_across_a_move_to_another_worker_id_fails_its_swap() {
         let (state, clock, waiter) = issued_one_at_t();
         let before = layout::id_from_stamp(stamp(T, 0), 17);
-        clock.then(&[T, T, T + 1]);
-        // Worker id 3 is granted while the call holds the gate of 17 it read.
-        let held = HeldAfterTheGate::new(&clock, || {
+        // Worker id 3 is granted while the call holds its claim under 17.
+        let (held, swapped) = held_across(&state, &clock, 1, || {
             state.open_gate(&Grant {
                 worker_id: 3,
                 ..OPEN
             })
         });
-        let run = state.issue(&held, &waiter, 1, 5).unwrap();
         assert_eq!(
-            (run.first, run.worker_id),
-            (stamp(T + 1, 0), 3),
-            "not (T, 1) under 17, which the gate no longer allowed"
+            held.run,
+            StampRun {
+                first: stamp(T, 1),
+                count: 1,
+                worker_id: 17
+            }
         );
+        assert_eq!(
+            swapped, None,
+            "not (T, 1) under 17, which the gate no longer allows"
+        );
+        clock.then(&[T + 1]);
+        let run = state.issue(&clock, &waiter, 1, 5).unwrap();
+        assert_eq!((run.first, run.worker_id), (stamp(T + 1, 0), 3));
         assert!(layout::id_from_stamp(run.first, run.worker_id) > before);
+        assert_eq!(state.snapshot().ids_issued, 2);
     }
 
     #[test]
     fn a_claim_held_across_the_gate_closing_fails_its_swap_and_the_bound_holds() {
         let (state, clock, waiter) = issued_one_at_t();
-        // The call reads T + 5; the gate closes while the clock, stepped back, reads T - 100, and
-        // the call, looking again, reads T + 5.
+        // The call claims at T + 5; the gate closes while the clock, stepped back, reads T - 100.
         clock.then(&[T + 5]);
         let bound = Cell::new(0);
-        let held = HeldAfterTheGate::new(&clock, || {
-            clock.then(&[T - 100, T + 5]);
+        let (held, swapped) = held_across(&state, &clock, 1, || {
+            clock.then(&[T - 100]);
             bound.set(state.close_gate(&clock));
         });
+        assert_eq!(held.run.first, stamp(T + 5, 0));
         assert_eq!(
-            state.issue(&held, &waiter, 1, 5),
-            Err(Refusal::NotLeased),
+            swapped, None,
             "not (T + 5, 0), above the bound the closing returned"
         );
         assert_eq!(bound.get(), T + 1);
+        clock.then(&[T + 5]);
+        assert_eq!(state.issue(&clock, &waiter, 1, 5), Err(Refusal::NotLeased));
         assert_eq!(state.next_free_millis(), T + 1);
         assert_eq!(
             state.snapshot().last_id,
@@ -1229,12 +1227,12 @@ mod tests {
     }
 
     #[test]
-    fn renewing_the_same_grant_while_a_claim_is_held_lets_it_claim_again() {
-        let (state, clock, waiter) = issued_one_at_t();
-        let held = HeldAfterTheGate::new(&clock, || state.open_gate(&OPEN));
+    fn renewing_the_same_grant_while_a_claim_is_held_lets_it_claim() {
+        let (state, clock, _) = issued_one_at_t();
+        let (_, swapped) = held_across(&state, &clock, 1, || state.open_gate(&OPEN));
         assert_eq!(
-            state.issue(&held, &waiter, 1, 5),
-            Ok(StampRun {
+            swapped,
+            Some(StampRun {
                 first: stamp(T, 1),
                 count: 1,
                 worker_id: 17
@@ -1254,10 +1252,34 @@ mod tests {
         }
         assert_eq!(word_generation(state.last_stamp.load(Ordering::SeqCst)), 0);
         assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T, 1)));
-        let held = HeldAfterTheGate::new(&clock, || {
+        let (held, swapped) = held_across(&state, &clock, 1, || {
             state.close_gate(&clock);
         });
-        assert_eq!(state.issue(&held, &waiter, 1, 5), Err(Refusal::NotLeased));
+        assert_eq!(word_generation(held.word), 0);
+        assert_eq!(swapped, None);
+        assert_eq!(one(&state, &clock, &waiter), Err(Refusal::NotLeased));
+    }
+
+    #[test]
+    fn a_reading_behind_the_word_is_taken_again_and_a_pause_between_is_no_step_back() {
+        let (state, clock, waiter) = issued_one_at_t();
+        // Read before the word, T - 1 is behind the stamp at T another caller claimed meanwhile;
+        // the clocks read again after the word give T + 1.
+        clock.then(&[T - 1, T + 1]);
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 1, 0)));
+        let snapshot = state.snapshot();
+        assert_eq!(
+            (
+                snapshot.clock_backward_waits,
+                snapshot.clock_backward_refusals
+            ),
+            (0, 0)
+        );
+        assert!(waiter.slept.borrow().is_empty());
+        // Behind the word on the second reading too: a step back, waited out and counted.
+        clock.then(&[T, T, T + 2]);
+        assert_eq!(one(&state, &clock, &waiter), Ok(stamp(T + 2, 0)));
+        assert_eq!(state.snapshot().clock_backward_waits, 1);
     }
 
     #[test]
@@ -1413,9 +1435,10 @@ mod tests {
 
     #[test]
     fn losing_every_next_millisecond_to_others_is_not_a_stuck_clock() {
-        // Another backend claims each new millisecond whole as soon as the clock reaches it; every
-        // millisecond lasts 10 ms of monotonic time (50 attempts of two looks), so the wait as a whole outlasts the
-        // 15 ms limit while each millisecond awaited does not.
+        // Another backend claims each new millisecond whole as soon as the clock reaches it. Every
+        // millisecond lasts 50 readings of the wall clock, each with one or two of the monotonic
+        // clock (100 µs a look): 5 to 10 ms, so the wait as a whole outlasts the 15 ms limit while
+        // each millisecond awaited does not.
         struct Contested<'a> {
             clock: ScriptedClock,
             state: &'a IssuingState,
@@ -1584,9 +1607,8 @@ mod tests {
     fn a_stuck_clock_is_refused_not_spun_on_forever() {
         let (state, clock, waiter) = leased_at_t();
         assert_eq!(many(&state, &clock, &waiter, 4096), Ok(4096));
-        // The monotonic clock moves 100 µs a look, and an attempt looks twice (the time waited, and
-        // the reading beside the wall clock's): each wait lasts its limit, 15 ms, and no more than
-        // the looks of a few attempts.
+        // The monotonic clock moves 100 µs a look, and the wait for the next millisecond looks once
+        // a turn: each wait lasts its limit, 15 ms, and no more than a few looks beyond it.
         assert_eq!(
             one(&state, &clock, &waiter),
             Err(Refusal::ClockStalled { waited_ms: 15 })
@@ -1687,8 +1709,8 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the lease worker does to the gate while a call is held between its read of the
-        /// gate and its swap, the call issues only under the grant in force once it is done, at or
+        /// Whatever the lease worker does to the gate while a call is held between its look and its
+        /// swap, the call issues only under the grant in force once it is done, at or
         /// above every floor applied and above every id issued before, or is refused when the gate
         /// is closed; the bound a closing returns lies above every id issued before it.
         #[test]
@@ -1700,31 +1722,36 @@ mod tests {
         ) {
             let state = leased();
             // Every look at the wall clock moves it on by a millisecond, so that no call waits for the
-            // next one or for a floor: the hook runs where a call reads the monotonic clock first,
-            // right after its read of the gate.
+            // next one or for a floor.
             let readings: Vec<u64> = (0..100_000).map(|look| T + look).collect();
             let clock = ScriptedClock::new(&readings);
             let waiter = CountingWaiter::default();
             let (mut in_force, mut floor_ms, mut last_id) = (Some(17u16), 0, 0i64);
             for (wanted, changes) in rounds {
-                // What the hook did: the grant in force after it, the floors and closing bounds.
-                let done = RefCell::new(Vec::new());
-                let held = HeldAfterTheGate::new(&clock, || {
-                    for change in &changes {
-                        let outcome = match *change {
-                            GateChange::Open { worker_id, floor_ahead_ms } => {
-                                let floor = floor_ahead_ms.map(|ahead| clock.current.get() + ahead);
-                                state.open_gate(&Grant { worker_id, floor_ms: floor, ..OPEN });
-                                (Some(worker_id), floor.unwrap_or(0))
-                            }
-                            GateChange::Close => (None, state.close_gate(&clock)),
-                        };
-                        done.borrow_mut().push(outcome);
-                    }
-                });
-                let issued = state.issue(&held, &waiter, wanted.min(4096), 5);
-                drop(held);
-                for &(worker_id, millis) in done.borrow().iter() {
+                let wanted = wanted.min(4096);
+                // A claim looked at under the grant in force, held while the lease worker makes the
+                // changes; then its swap, or, fenced off, the call's next attempt.
+                let pending = match state.look(&clock, wanted) {
+                    Ok(Look::Claim(pending)) => pending,
+                    other => return Err(TestCaseError::fail(format!("no claim: {other:?}"))),
+                };
+                // The grant in force after each change, and the floor or closing bound it set.
+                let mut done = Vec::new();
+                for change in &changes {
+                    done.push(match *change {
+                        GateChange::Open { worker_id, floor_ahead_ms } => {
+                            let floor = floor_ahead_ms.map(|ahead| clock.current.get() + ahead);
+                            state.open_gate(&Grant { worker_id, floor_ms: floor, ..OPEN });
+                            (Some(worker_id), floor.unwrap_or(0))
+                        }
+                        GateChange::Close => (None, state.close_gate(&clock)),
+                    });
+                }
+                let issued = match state.swap(pending) {
+                    Some(run) => Ok(run),
+                    None => state.issue(&clock, &waiter, wanted, 5),
+                };
+                for &(worker_id, millis) in &done {
                     match worker_id {
                         Some(_) => floor_ms = floor_ms.max(millis),
                         None => prop_assert!(
