@@ -365,9 +365,8 @@ impl IssuingState {
     pub fn look(&self, clock: &impl Clock, wanted: u32) -> Result<Look, Refusal> {
         let (mut now, mut monotonic_ns) = clock_readings(clock)?;
         // The word after the clocks, so that the claim's compare-and-swap follows its read within
-        // nanoseconds, mostly before a claim on another core takes the line back. (The compiler
-        // emits this fetch_or as a fence and a plain load, not a read for ownership.)
-        let word = self.last_stamp.fetch_or(0, Ordering::AcqRel);
+        // nanoseconds, mostly before a claim on another core takes the line back.
+        let word = self.last_stamp.load(Ordering::Acquire);
         let last = word_stamp(word);
         if layout::stamp_millis(last) > now {
             // A caller held up between the two reads sees stamps newer than its clock reading:
