@@ -190,7 +190,7 @@ install_snowid() {
     echo "==> building and installing snowid (release)"
     local sudo_flag=()
     is_root || sudo_flag=(--sudo)
-    (cd "$REPO" && cargo pgrx install --release --pg-config "$PG_CONFIG" "${sudo_flag[@]}")
+    (cd "$REPO" && cargo pgrx install --release --pg-config "$PG_CONFIG" "${sudo_flag[@]}") || return
     # The install scripts of released versions, so that ALTER EXTENSION snowid UPDATE can be tested.
     as_root install -m 644 "$REPO"/sql/snowid--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 }

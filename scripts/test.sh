@@ -11,8 +11,7 @@
 #
 # --all-majors, as CI runs it: the same on 15, then on every other major the tier that differs by
 # major: every unit test and #[pg_test], the cluster tests of nextest's per-major profile (which
-# names them and says why, in tests/cluster/.config/nextest.toml), and the package. What those tiers
-# build is built ahead, beside 15's cluster tests (build_ahead).
+# names them and says why, in tests/cluster/.config/nextest.toml), and the package.
 #
 # It starts by removing what a killed run of its own left (scripts/leftovers.sh). Every run ends,
 # passed or failed, with where its time went: each step's time and count of tests per major, and
@@ -50,8 +49,7 @@ end_step() {
     step=()
 }
 step=("${PG_MAJOR:-15}" set-up "$SECONDS")
-# The builds fault_schedules starts beside the schedules, and build_ahead's beside the cluster
-# tests, while they run.
+# The builds fault_schedules starts beside the schedules, while they run.
 background_builds=
 # A run that ends early leaves no build behind to hold cargo's lock (end_processes, of
 # scripts/leftovers.sh); the report never changes the run's exit status.
@@ -66,10 +64,10 @@ end_step
 cd "$REPO"
 remove_leftovers
 
-# unit_and_pg_tests MAJOR [NAME]: the unit and property tests and the #[pg_test]s (those whose
-# names hold NAME), in a server that preloads snowid; the output is kept for the count of tests.
+# unit_and_pg_tests MAJOR: the unit and property tests and the #[pg_test]s, in a server that
+# preloads snowid; the output is kept for the count of tests.
 unit_and_pg_tests() {
-    local major=$1 args=("${@:2}")
+    local major=$1 args=()
     echo "==> PostgreSQL $major: unit, property and #[pg_test] tests"
     if is_root; then
         local pgdata=/tmp/snowid-pgrx-test-$major
@@ -80,7 +78,7 @@ unit_and_pg_tests() {
                 >/dev/null 2>&1 || true
         fi
         rm -rf "$pgdata" && mkdir -p "$pgdata" && chown postgres:postgres "$pgdata"
-        args+=(--runas postgres --pgdata "$pgdata/data")
+        args=(--runas postgres --pgdata "$pgdata/data")
     fi
     cargo pgrx test "pg$major" "${args[@]}" 2>&1 | tee "$times/pgrx-$major.log"
 }
@@ -185,7 +183,9 @@ FAULT_SCHEDULE_SEED=2026
 fault_schedules() {
     local status=0 builds_log=$times/cluster-test-builds.log
     build_nemesis
-    (renice -n 19 "$BASHPID" >/dev/null && cluster_test_builds) >"$builds_log" 2>&1 &
+    # Two commands, not a && list, in which bash would ignore set -e within cluster_test_builds
+    # and run on past a failed build.
+    (renice -n 19 "$BASHPID" >/dev/null; cluster_test_builds) >"$builds_log" 2>&1 &
     background_builds=$!
     scripts/nemesis.sh --no-install --built --seed "$FAULT_SCHEDULE_SEED" --minutes 3 || status=$?
     scripts/nemesis.sh --no-install --built --registry etcd --minutes 3 || status=$?
@@ -203,85 +203,30 @@ cluster_test_builds() {
     clients/run.sh --install
 }
 
-# in_target_of MAJOR COMMAND...: COMMAND, with MAJOR's builds in MAJOR's own target directory unless
-# MAJOR is the first, whose builds are the checkout's. The other majors' builds run ahead side by
-# side (build_ahead): a cdylib's file name is the same for every major, and in one directory one
-# major's library would pass for another's.
-in_target_of() {
-    local major=$1
-    shift
-    if [ "$major" = "$PG_MAJOR" ]; then "$@"; else CARGO_TARGET_DIR=$REPO/target/pg$major "$@"; fi
-}
-
-# build_ahead MAJOR...: what each major's tier builds, built in its own target directory while the
-# first major's cluster tests run, at nice 19: the unit tests' program (cargo pgrx test with a
-# name no test has), the library its #[pg_test]s install (the command pgrx's test framework runs
-# for them), and the release library.
-build_ahead() {
-    local major sudo_flag=()
-    is_root || sudo_flag=(--sudo)
-    for major in "$@"; do
-        (
-            PG_CONFIG=$(pg_config_of "$major")
-            export CARGO_TARGET_DIR=$REPO/target/pg$major
-            unit_and_pg_tests "$major" no_test_has_this_name
-            cargo pgrx install --test --pg-config "$PG_CONFIG" --features "pg$major pg_test" \
-                --no-default-features "${sudo_flag[@]}"
-            install_snowid
-        ) || return
-    done
-}
-
-# start_builds_ahead: build_ahead of every major after the first, in the background. Each is made
-# ready first, here: making a major ready rewrites pgrx's configuration, which the first's builds
-# read.
-start_builds_ahead() {
-    local major later=()
-    for major in "${MAJORS[@]}"; do
-        if [ "$major" != "$PG_MAJOR" ]; then
-            timed "$major" "PostgreSQL $major ready" use_major "$major"
-            later+=("$major")
-        fi
-    done
-    PG_CONFIG=$(pg_config_of "$PG_MAJOR")
-    (renice -n 19 "$BASHPID" >/dev/null && build_ahead "${later[@]}") >"$times/builds-ahead.log" 2>&1 &
-    background_builds=$!
-}
-
-# wait_for_builds_ahead: the builds build_ahead started, finished.
-wait_for_builds_ahead() {
-    wait "$background_builds" ||
-        { cat "$times/builds-ahead.log" >&2; echo "the builds ahead of the other majors failed" >&2; return 1; }
-    background_builds=
-}
-
 # test_major MAJOR PROFILE: every step on MAJOR, with the cluster tests of nextest's PROFILE; with
-# the default profile, the fault schedules too, and with --all-majors the other majors' builds
-# beside its cluster tests.
+# the default profile, the fault schedules too.
 test_major() {
     local major=$1 profile=$2
     timed "$major" "PostgreSQL $major ready" use_major "$major"
     if [ "$profile" = default ]; then
         timed "$major" "decisions and model checker" core_tests
     fi
-    timed "$major" "unit, property and #[pg_test] tests" in_target_of "$major" unit_and_pg_tests "$major"
+    timed "$major" "unit, property and #[pg_test] tests" unit_and_pg_tests "$major"
     if ! speaks_tls "$major" && [ "$PG_MAJOR" != 15 ]; then
         # The test of a registry reached over TLS runs that registry on Debian's 15, where a run
         # that began with 15 has installed snowid already.
         timed "$major" "install into 15 (TLS registry)" install_snowid_into 15
     fi
-    timed "$major" "build and install (release)" in_target_of "$major" install_snowid
+    timed "$major" "build and install (release)" install_snowid
     if [ "$profile" = default ]; then
         timed "$major" "fault schedules" fault_schedules
-        if $all_majors; then start_builds_ahead; fi
     fi
     timed "$major" "cluster tests" cluster_tests "$major" "$profile"
-    timed "$major" "Debian package" in_target_of "$major" test_package "$major"
+    timed "$major" "Debian package" test_package "$major"
 }
 
 test_major "$PG_MAJOR" default
 if $all_majors; then
-    timed "$PG_MAJOR" "waiting for the other majors' builds" wait_for_builds_ahead
     for major in "${MAJORS[@]}"; do
         [ "$major" = "$PG_MAJOR" ] || test_major "$major" per-major
     done
