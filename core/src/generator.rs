@@ -6,7 +6,7 @@
 //! the word, and no stamp is ever claimed twice. The millisecond of a claimed stamp is always the
 //! clock's reading at that moment: time is never borrowed from the future.
 //! The word's spare bits carry the gate's generation, which every opening and closing of the gate
-//! changes, so that a claim whose caller read the gate before a change fails its swap: no id is
+//! changes, so that a claim whose caller read the word before a change fails its swap: no id is
 //! issued under a grant that is no longer in force.
 //!
 //! Two situations need waiting, and every wait answers the caller's interrupts (cancel,
@@ -35,7 +35,7 @@ use std::time::Duration;
 const GENERATION_SHIFT: u32 = layout::MILLIS_BITS + layout::SEQUENCE_BITS;
 const STAMP_MASK: u64 = (1 << GENERATION_SHIFT) - 1;
 /// The generation counts modulo 2,048 (the word's 11 spare bits). A stale read passes only if the
-/// caller is held between its read of the gate and its swap across a multiple of 2,048 changes (the
+/// caller is held between its read of the word and its swap across a multiple of 2,048 changes (the
 /// lease worker makes up to about four a second), with no id issued and no floor lifted meanwhile:
 /// then its stamps lie above every stamp issued and below the reservation it read, which the
 /// registry keeps every later holder of the worker id above.
@@ -1709,9 +1709,10 @@ mod tests {
 
     proptest! {
         /// Whatever the lease worker does to the gate while a call is held between its look and its
-        /// swap, the call issues only under the grant in force once it is done, at or
-        /// above every floor applied and above every id issued before, or is refused when the gate
-        /// is closed; the bound a closing returns lies above every id issued before it.
+        /// swap, the call issues only under the grant in force once it is done, at or above every
+        /// floor applied and every bound a closing returned, and above every id issued before, or
+        /// is refused when the gate is closed; the bound a closing returns lies above every id
+        /// issued before it.
         #[test]
         fn a_claim_issues_only_under_the_grant_in_force(
             rounds in proptest::collection::vec(
@@ -1750,14 +1751,16 @@ mod tests {
                     Some(run) => Ok(run),
                     None => state.issue(&clock, &waiter, wanted, 5),
                 };
+                // A closing's bound lies above every id before it and, as a floor does, at or below
+                // every id after it.
                 for &(worker_id, millis) in &done {
-                    match worker_id {
-                        Some(_) => floor_ms = floor_ms.max(millis),
-                        None => prop_assert!(
+                    if worker_id.is_none() {
+                        prop_assert!(
                             layout::decode(last_id).unwrap().millis < millis,
                             "closed at {} after {}", millis, last_id
-                        ),
+                        );
                     }
+                    floor_ms = floor_ms.max(millis);
                     in_force = worker_id;
                 }
                 match (issued, in_force) {
