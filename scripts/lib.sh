@@ -204,7 +204,8 @@ declare -A RELEASE_COMMITS=([0.9.0]=38f53a1e776759dbb2ac9a6399b2d967ee612a3f)
 # under target/snowid-VERSION, once. PostgreSQL finds its library and share directories relative
 # to its programs, so that copy's servers load VERSION's library and scripts and nothing of this
 # checkout's. It builds in target/releases: in this checkout's target directory, its library would
-# overwrite this version's, which cargo would then take for fresh.
+# overwrite this version's, which cargo would then take for fresh. It builds without optimisation:
+# the tests need that version's code, not its speed, and the build runs beside the fault schedules.
 build_release() {
     local version=$1 commit=${RELEASE_COMMITS[$1]} root=$REPO/target/snowid-$1
     local lib=usr/lib/postgresql/15 share=usr/share/postgresql/15
@@ -223,8 +224,8 @@ build_release() {
     cp -a "/$share" "$root/$share"
     rm -f "$root/$lib/lib/snowid.so" "$root/$share/extension"/snowid[.-]*
     "${git[@]}" archive "$commit" | tar -x -C "$src"
-    (cd "$src" && CARGO_TARGET_DIR=$REPO/target/releases cargo pgrx package --pg-config "$(pg_config_of 15)" \
-        --out-dir "$root" >"$root/build.log" 2>&1) || { tail -n 20 "$root/build.log" >&2; return 1; }
+    (cd "$src" && CARGO_TARGET_DIR=$REPO/target/releases cargo pgrx package --debug \
+        --pg-config "$(pg_config_of 15)" --out-dir "$root" >"$root/build.log" 2>&1) || { tail -n 20 "$root/build.log" >&2; return 1; }
     rm -rf "$src"
     as_cluster_owner test -x "$root/$lib/bin/postgres" || {
         echo "build_release: the postgres user cannot run $root/$lib/bin/postgres: let it reach $REPO" >&2

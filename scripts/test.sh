@@ -176,7 +176,7 @@ test_package() {
 # schedule draws its seed afresh and runs with etcd.
 FAULT_SCHEDULE_SEED=2026
 
-# fault_schedules: three minutes of the fault schedule from FAULT_SCHEDULE_SEED, then three from a
+# fault_schedules: two minutes of the fault schedule from FAULT_SCHEDULE_SEED, then two from a
 # seed drawn at random; each prints the command that replays it. The schedules wait on timers
 # mostly, and their checks time nothing closer than 20 s: beside them, at nice 19, what the cluster
 # tests build (cluster_test_builds).
@@ -187,8 +187,8 @@ fault_schedules() {
     # and run on past a failed build.
     (renice -n 19 "$BASHPID" >/dev/null; cluster_test_builds) >"$builds_log" 2>&1 &
     background_builds=$!
-    scripts/nemesis.sh --no-install --built --seed "$FAULT_SCHEDULE_SEED" --minutes 3 || status=$?
-    scripts/nemesis.sh --no-install --built --registry etcd --minutes 3 || status=$?
+    scripts/nemesis.sh --no-install --built --seed "$FAULT_SCHEDULE_SEED" --minutes 2 || status=$?
+    scripts/nemesis.sh --no-install --built --registry etcd --minutes 2 || status=$?
     wait "$background_builds" ||
         { cat "$builds_log" >&2; echo "the cluster tests' builds failed" >&2; status=1; }
     background_builds=
