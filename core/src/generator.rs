@@ -1709,10 +1709,10 @@ mod tests {
 
     proptest! {
         /// Whatever the lease worker does to the gate while a call is held between its look and its
-        /// swap, the call issues only under the grant in force once it is done, at or above every
-        /// floor applied and every bound a closing returned, and above every id issued before, or
-        /// is refused when the gate is closed; the bound a closing returns lies above every id
-        /// issued before it.
+        /// swap, a change of the grant fails the swap, and the call issues only under the grant in
+        /// force once it is done, at or above every floor applied and above every id issued
+        /// before, or is refused when the gate is closed; the bound a closing returns lies above
+        /// every id issued before it.
         #[test]
         fn a_claim_issues_only_under_the_grant_in_force(
             rounds in proptest::collection::vec(
@@ -1747,20 +1747,23 @@ mod tests {
                         GateChange::Close => (None, state.close_gate(&clock)),
                     });
                 }
-                let issued = match state.swap(pending) {
+                // A change of the grant moves the word's generation on, and fences the held claim off.
+                let fenced = word_generation(state.last_stamp.load(Ordering::SeqCst))
+                    != word_generation(pending.word);
+                let swapped = state.swap(pending);
+                prop_assert!(!(fenced && swapped.is_some()), "{:?} swapped across {:?}", swapped, changes);
+                let issued = match swapped {
                     Some(run) => Ok(run),
                     None => state.issue(&clock, &waiter, wanted, 5),
                 };
-                // A closing's bound lies above every id before it and, as a floor does, at or below
-                // every id after it.
                 for &(worker_id, millis) in &done {
-                    if worker_id.is_none() {
-                        prop_assert!(
+                    match worker_id {
+                        Some(_) => floor_ms = floor_ms.max(millis),
+                        None => prop_assert!(
                             layout::decode(last_id).unwrap().millis < millis,
                             "closed at {} after {}", millis, last_id
-                        );
+                        ),
                     }
-                    floor_ms = floor_ms.max(millis);
                     in_force = worker_id;
                 }
                 match (issued, in_force) {
