@@ -183,7 +183,7 @@ FAULT_SCHEDULE_SEED=2026
 fault_schedules() {
     local status=0 builds_log=$times/cluster-test-builds.log
     build_nemesis
-    (renice -n 19 "$BASHPID" >/dev/null && cluster_test_builds) >"$builds_log" 2>    (renice -n 19 "$BASHPID" >/dev/null; cluster_test_builds) >"$builds_log" 2>&1 &1 &
+    (renice -n 19 "$BASHPID" >/dev/null && cluster_test_builds) >"$builds_log" 2>&1 &
     background_builds=$!
     scripts/nemesis.sh --no-install --built --seed "$FAULT_SCHEDULE_SEED" --minutes 2 || status=$?
     scripts/nemesis.sh --no-install --built --registry etcd --minutes 2 || status=$?
