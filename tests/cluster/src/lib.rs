@@ -13,6 +13,7 @@ pub mod loss;
 pub mod nemesis;
 pub mod network;
 pub mod patroni;
+pub mod recovery;
 pub mod tls;
 
 use network::Host;

@@ -12,7 +12,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How long a node's lease lasts (`snowid.lease_ttl`), short so that faults outlast leases.
+/// How long a node's lease lasts (`snowid.lease_ttl`) in the fault schedule, short so that faults
+/// outlast leases.
 pub const LEASE_TTL_S: u32 = 6;
 
 /// The worker id of each node: n4 is set up with n1's.
@@ -49,8 +50,9 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// The registry started, then the nodes; each but n4 holding its lease.
-    pub fn start(registry: Registry) -> Fleet {
+    /// The registry started, then the nodes, with `snowid.lease_ttl = lease_ttl_s`; each but n4
+    /// holding its lease.
+    pub fn start(registry: Registry, lease_ttl_s: u32) -> Fleet {
         let mut network = Network::create();
         let dir = network.directory();
         std::fs::create_dir_all(&dir).unwrap();
@@ -67,7 +69,7 @@ impl Fleet {
                     format!("cluster_name = '{}'", node_name(index)),
                     format!("snowid.worker_id = {worker_id}"),
                     format!("snowid.registry = '{setting}'"),
-                    format!("snowid.lease_ttl = {LEASE_TTL_S}"),
+                    format!("snowid.lease_ttl = {lease_ttl_s}"),
                     format!("snowid.max_clock_backward = {MAX_CLOCK_BACKWARD_MS}"),
                     // The log check reads PostgreSQL's own messages, in English.
                     "lc_messages = 'C'".to_string(),

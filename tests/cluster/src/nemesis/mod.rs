@@ -69,7 +69,7 @@ pub fn run(options: &Options) -> bool {
         options.length.as_secs(),
         options.registry.name()
     );
-    let fleet = Fleet::start(options.registry);
+    let fleet = Fleet::start(options.registry, fleet::LEASE_TTL_S);
     let done = AtomicBool::new(false);
     let stop = AtomicBool::new(false);
     let struck = Mutex::new(vec![]);
