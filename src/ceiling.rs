@@ -7,7 +7,9 @@
 //! at the reservation while the worker waits for the answer to a claim): it writes the file before
 //! it lets ids through below the new value. A restarted server that finds its own ceiling, for the
 //! worker id it held last, starts above the ceiling instead of the reservation where nothing else
-//! can have issued under the worker id since.
+//! can have issued under the worker id since. A caller that reaches the ceiling while the worker
+//! is held up moves it on itself, in the same order, under the ceiling lock the worker holds for
+//! its own changes ([`move_on_for_a_caller`]).
 //!
 //! With the lease table on the server, the file is in the data directory, made durable, and a
 //! restart starts above it whenever the row shows that the server held the worker id already. The
@@ -30,6 +32,10 @@
 //! keeps, with no lease, the reservation of the last grant for the next boot (see `worker.rs`
 //! `keep_for_the_next_boot`).
 
+use crate::clock::Clock;
+use crate::generator::IssuingState;
+use crate::layout;
+use crate::lease::{Timing, CEILING_LEAD};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
@@ -225,6 +231,49 @@ impl RunLease {
     }
 }
 
+/// How the ceiling runs ahead of the clock: `CEILING_LEAD` ahead, moved on once less than
+/// `Timing::ceiling_refresh_below` of that is left.
+pub fn policy() -> Policy {
+    Policy {
+        lead_ms: CEILING_LEAD.as_millis() as u64,
+        refresh_below_ms: Timing::ceiling_refresh_below().as_millis() as u64,
+    }
+}
+
+/// Moves the ceiling on for a caller that reached it, as the lease worker would had it not been
+/// held up (a stopped process, a slow claim): the file first, durably, then the gate, holding the
+/// ceiling lock throughout, so that the file stays at or above the gate. Only up to what the worker
+/// would move it to itself, the reservation of the lease in force, and only where the file holds
+/// exactly the gate's bound for its worker id: the record the worker wrote last, which the caller
+/// writes again with the new bound. The lease's deadline still ends issuing: a caller never renews.
+/// `file` is where the worker last recorded the ceiling (`lease::Status::ceiling_file`). Whether
+/// the gate was raised.
+pub fn move_on_for_a_caller(state: &IssuingState, file: &Path) -> bool {
+    let Some(held) = state.try_lock_ceiling() else {
+        return false;
+    };
+    let Some(seen) = state.bound_to_move() else {
+        return false;
+    };
+    let Some(mut ceiling) = Ceiling::read(file)
+        .filter(|ceiling| ceiling.worker_id == seen.worker_id && ceiling.below_ms == seen.bound_ms)
+    else {
+        return false;
+    };
+    let Ok(now_ms) = layout::millis_since_epoch(state.issuing_clock().unix_millis()) else {
+        return false;
+    };
+    let Some(to_ms) = policy()
+        .raise_to(now_ms, seen.bound_ms, None, state.next_free_millis())
+        .map(|to_ms| to_ms.min(seen.moves_up_to_ms))
+        .filter(|&to_ms| to_ms > seen.bound_ms && to_ms > now_ms)
+    else {
+        return false;
+    };
+    ceiling.below_ms = to_ms;
+    ceiling.write(file).is_ok() && state.raise_bound(&held, seen, to_ms)
+}
+
 /// Where the lease worker keeps the ceiling, at a claim or a renewal: the clock (`now_ms`, since
 /// the snowid epoch), the ceiling recorded (`ceiling_ms`), and the floor of a grant just applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,6 +328,7 @@ pub fn gate_bounds(reserved_until_ms: u64, ceiling_ms: u64, recorded: bool) -> (
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generator::Grant;
     use std::os::unix::fs::PermissionsExt;
 
     const POLICY: Policy = Policy {
@@ -449,5 +499,116 @@ mod tests {
         );
         fs::set_permissions(&directory, fs::Permissions::from_mode(0o700)).unwrap();
         assert_eq!(memory_directory(), Ok(directory));
+    }
+
+    /// A gate open for worker id 5 below `bound_ms` from now, moving up to `moves_up_to_ms` from
+    /// now, and its ceiling recorded in a file of a directory of the test's own: the state, the
+    /// file, and the clock's millisecond when the gate opened.
+    fn at_the_ceiling(
+        name: &str,
+        bound_ms: u64,
+        moves_up_to_ms: u64,
+    ) -> (IssuingState, PathBuf, u64) {
+        let directory =
+            std::env::temp_dir().join(format!("snowid-move-{name}-{}", std::process::id()));
+        fs::create_dir_all(&directory).unwrap();
+        let path = in_data_directory(&directory);
+        let state = IssuingState::default();
+        let now_ms = layout::millis_since_epoch(state.issuing_clock().unix_millis()).unwrap();
+        state.open_gate(&Grant {
+            worker_id: 5,
+            floor_ms: None,
+            reserved_until_ms: now_ms + bound_ms,
+            moves_up_to_ms: now_ms + moves_up_to_ms,
+            deadline_ns: u64::MAX,
+        });
+        Ceiling {
+            below_ms: now_ms + bound_ms,
+            ..ceiling()
+        }
+        .write(&path)
+        .unwrap();
+        (state, path, now_ms)
+    }
+
+    #[test]
+    fn a_caller_records_the_ceiling_a_lead_ahead_then_raises_the_gate_to_it() {
+        let (state, path, opened_ms) = at_the_ceiling("lead", 1, 60_000);
+        assert!(move_on_for_a_caller(&state, &path));
+        let recorded = Ceiling::read(&path).unwrap();
+        let after_ms = layout::millis_since_epoch(state.issuing_clock().unix_millis()).unwrap();
+        assert!((opened_ms + 1_000..=after_ms + 1_000).contains(&recorded.below_ms));
+        // The record the worker wrote, with the new bound alone.
+        assert_eq!(
+            recorded,
+            Ceiling {
+                below_ms: recorded.below_ms,
+                ..ceiling()
+            }
+        );
+        let bound = state.bound_to_move().unwrap();
+        assert_eq!((bound.worker_id, bound.bound_ms), (5, recorded.below_ms));
+        let held = state.try_lock_ceiling().unwrap();
+        assert_eq!(state.take_callers_raise(&held), Some(recorded.below_ms));
+        fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_caller_moves_the_ceiling_no_further_than_the_reservation() {
+        let (state, path, opened_ms) = at_the_ceiling("cap", 1, 300);
+        assert!(move_on_for_a_caller(&state, &path));
+        assert_eq!(Ceiling::read(&path).unwrap().below_ms, opened_ms + 300);
+        assert_eq!(
+            state.bound_to_move(),
+            None,
+            "at the reservation: nothing left to move"
+        );
+        assert!(!move_on_for_a_caller(&state, &path));
+        fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_caller_leaves_gate_and_file_alone_where_it_cannot_move_both() {
+        let unchanged = |state: &IssuingState, path: &Path, bound_ms: u64| {
+            assert_eq!(state.bound_to_move().unwrap().bound_ms, bound_ms);
+            assert_eq!(Ceiling::read(path).unwrap().below_ms, bound_ms);
+            let held = state.try_lock_ceiling().unwrap();
+            assert_eq!(state.take_callers_raise(&held), None);
+        };
+        // The file does not hold the gate's bound: not the record the worker wrote last.
+        let (state, path, opened_ms) = at_the_ceiling("other", 1, 60_000);
+        Ceiling {
+            below_ms: opened_ms + 2,
+            ..ceiling()
+        }
+        .write(&path)
+        .unwrap();
+        assert!(!move_on_for_a_caller(&state, &path));
+        assert_eq!(state.bound_to_move().unwrap().bound_ms, opened_ms + 1);
+        assert_eq!(Ceiling::read(&path).unwrap().below_ms, opened_ms + 2);
+        // Another worker id's.
+        Ceiling {
+            below_ms: opened_ms + 1,
+            worker_id: 6,
+            ..ceiling()
+        }
+        .write(&path)
+        .unwrap();
+        assert!(!move_on_for_a_caller(&state, &path));
+        assert_eq!(state.bound_to_move().unwrap().bound_ms, opened_ms + 1);
+        fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        // A write that fails, as on a full disk.
+        let (state, path, opened_ms) = at_the_ceiling("fails", 1, 60_000);
+        let blocker = path.with_extension("ceiling.tmp");
+        fs::create_dir(&blocker).unwrap();
+        assert!(!move_on_for_a_caller(&state, &path));
+        unchanged(&state, &path, opened_ms + 1);
+        // The lock held by the lease worker.
+        fs::remove_dir(&blocker).unwrap();
+        let held = state.try_lock_ceiling().unwrap();
+        assert!(!move_on_for_a_caller(&state, &path));
+        drop(held);
+        unchanged(&state, &path, opened_ms + 1);
+        fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }

@@ -3,8 +3,10 @@
 //! failed transaction, exiting for a restart, and what identifies this server.
 
 use crate::generator::Waiter;
+use crate::{ceiling, shmem};
 use pgrx::prelude::*;
 use std::ffi::CStr;
+use std::path::Path;
 use std::time::Duration;
 
 /// Waits of a backend: on its latch, ending the statement on cancel, timeout or termination.
@@ -30,6 +32,14 @@ impl Waiter for LatchWaiter {
 
     fn check_interrupts(&self) {
         pgrx::check_for_interrupts!();
+    }
+
+    fn move_ceiling_on(&self) -> bool {
+        let Some(state) = shmem::issuing_state() else {
+            return false;
+        };
+        let file = shmem::lease_status().ceiling_file;
+        !file.as_str().is_empty() && ceiling::move_on_for_a_caller(state, Path::new(file.as_str()))
     }
 }
 

@@ -13,7 +13,10 @@
 //!   the lease worker to move the ceiling on) holds nothing: it spins or sleeps on its own latch,
 //!   answering cancel, timeouts and termination.
 //!   The lease worker opens and closes the gate with atomic writes that move its generation on:
-//!   a claim made under the gate as it was before fails its swap.
+//!   a claim made under the gate as it was before fails its swap. It holds the ceiling lock, an
+//!   atomic of the state, while it does; a backend that reached the ceiling takes that lock (never
+//!   waiting for it) to write the ceiling file and raise the gate's bound, and lets it go before
+//!   it claims.
 //! - `LOCK`, the LWLock named `snowid`, guarding the lease [`Status`]: the lease worker takes it
 //!   exclusively to record what the registry said; a backend takes it shared to explain a refusal
 //!   or to report `snowid_status()`. It is held only to copy the status in or out: never on the

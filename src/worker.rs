@@ -15,10 +15,8 @@
 use crate::ceiling::{self, Ceiling, RunLease};
 use crate::claimant::Claimant;
 use crate::clock::{Clock, SystemClock};
-use crate::generator::{Grant, IssuingState};
-use crate::lease::{
-    self, Answer, Carried, Granted, OwnPast, State, Text, Timing, Verdict, CEILING_LEAD,
-};
+use crate::generator::{CeilingLock, Grant, IssuingState};
+use crate::lease::{self, Answer, Carried, Granted, OwnPast, State, Text, Timing, Verdict};
 use crate::registry::{ClaimRequest, Held, Registry, Release};
 use crate::signals::{self, sleep_unless_stopped};
 use crate::trusted_clock::{self, Look};
@@ -187,6 +185,14 @@ const KEEPS_NONE: &str =
 /// How often a standby's worker looks whether it was promoted, to claim at once.
 const PROMOTION_POLL: Duration = Duration::from_millis(50);
 
+/// How often the worker looks whether a caller that moves the ceiling on has let go of its lock,
+/// and for how long at most before it changes the gate without writing the file.
+const CEILING_LOCK_POLL: Duration = Duration::from_millis(1);
+const CEILING_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// The longest path of a ceiling file the status publishes (see `lease::Status::ceiling_file`).
+const CEILING_FILE_MAX: usize = 1024;
+
 /// Whether the worker is being held up: a renewal or a ceiling write that took long, or a wake-up
 /// that came late (the process stopped, or starved of CPU). Each episode gets one WARNING; an
 /// episode ends once a whole renewal interval passes without a slow step.
@@ -217,7 +223,7 @@ impl Slowness {
             "snowid lease worker is held up: {}, more than {} ms; calls to snowid_next() {}",
             what(took.as_millis()),
             timing.slow_after().as_millis(),
-            format_args!("wait while the ceiling is not moved on, and {refused_after}")
+            format_args!("that reach the ceiling move it on themselves where they can, and {refused_after}")
         );
     }
 }
@@ -733,6 +739,8 @@ impl LeaseWorker {
     }
 
     fn lose_lease(&mut self) {
+        // Closed with or without the lock: the generation moves, and a caller's raise fails.
+        let _ceiling = self.lock_ceiling();
         self.state.close_gate(&self.state.issuing_clock());
         shmem::update_lease_status(|status| status.applied_tenure = None);
         self.holding = None;
@@ -742,13 +750,25 @@ impl LeaseWorker {
     /// Moves the ceiling on while the lease is held, applying `floor_ms`, or back once a claim it
     /// covered is answered; returns whether a lease is held.
     fn keep_ceiling(&mut self, floor_ms: Option<u64>) -> bool {
-        let Some(held) = self.holding.as_ref() else {
+        if self.holding.is_none() {
             return false;
+        }
+        let Some(_ceiling) = self.lock_ceiling() else {
+            // A caller holds the lock, held up inside it: the gate takes the grant below the
+            // ceiling this worker knows of, which callers only ever raised, and no file is
+            // written until the lock is free.
+            let held = self.holding.as_ref().expect("held, as seen above");
+            let (below, moves_up_to) =
+                ceiling::gate_bounds(held.reserved_until_ms, held.ceiling_ms, true);
+            self.state
+                .open_gate(&grant(held, below, moves_up_to, floor_ms));
+            return true;
         };
+        let held = self.holding.as_ref().expect("held, as seen above");
         // Only a ceiling raised to cover a claim of a shared registry comes back.
         let covers_claims = !self.registry.is_local() && self.ceiling_file.is_some();
         let lower = (floor_ms.is_none() && covers_claims).then(|| {
-            ceiling_policy().lower_to(
+            ceiling::policy().lower_to(
                 now_ms(self.state),
                 held.ceiling_ms,
                 self.state.next_free_millis(),
@@ -764,11 +784,33 @@ impl LeaseWorker {
     /// Before a claim of a shared registry: raises the ceiling to the reservation, so that ids flow
     /// however long the worker waits for the answer (`keep_ceiling` brings it back after).
     fn cover_claim(&mut self) {
-        let (Some(held), Some(_)) = (self.holding.as_ref(), &self.ceiling_file) else {
+        if self.holding.is_none() || self.ceiling_file.is_none() {
+            return;
+        }
+        // Not covered while a caller holds the lock: ids wait at the ceiling meanwhile.
+        let Some(_ceiling) = self.lock_ceiling() else {
             return;
         };
+        let held = self.holding.as_ref().expect("held, as seen above");
         let covering = Some(held.reserved_until_ms).filter(|&reserved| reserved > held.ceiling_ms);
         self.record_ceiling(covering, None);
+    }
+
+    /// Takes the ceiling lock, and with it the ceiling a caller recorded while this worker was held
+    /// up (see `ceiling::move_on_for_a_caller`): the record this worker wrote last, with the bound
+    /// the caller raised the gate to. `None` when a caller held the lock for all of
+    /// `CEILING_LOCK_WAIT`: stopped or stalled inside it.
+    fn lock_ceiling(&mut self) -> Option<CeilingLock<'static>> {
+        let lock = lock_ceiling_within(self.state, CEILING_LOCK_WAIT)?;
+        if let Some(raised_ms) = self.state.take_callers_raise(&lock) {
+            if let Some(recorded) = self.recorded.as_mut() {
+                recorded.below_ms = raised_ms;
+            }
+            if let Some(held) = self.holding.as_mut() {
+                held.ceiling_ms = held.ceiling_ms.max(raised_ms);
+            }
+        }
+        Some(lock)
     }
 
     /// Brings the ceiling back to `lower` (see `ceiling::Policy::lower_to`): the gate first, so that
@@ -793,7 +835,7 @@ impl LeaseWorker {
             .holding
             .as_ref()
             .expect("called while the lease is held");
-        let wanted = ceiling_policy().raise_to(
+        let wanted = ceiling::policy().raise_to(
             now_ms(self.state),
             held.ceiling_ms,
             floor_ms,
@@ -852,7 +894,13 @@ impl LeaseWorker {
                 Ok(()) => {
                     held.ceiling_ms = wanted;
                     self.recorded = Some(ceiling);
-                    shmem::update_lease_status(|status| status.ceiling_error = Text::default());
+                    // For callers that move it on while this worker is held up; a path longer
+                    // than the status holds is not published, rather than cut short.
+                    let published = file.to_str().filter(|path| path.len() <= CEILING_FILE_MAX);
+                    shmem::update_lease_status(|status| {
+                        status.ceiling_error = Text::default();
+                        status.ceiling_file = Text::new(published.unwrap_or_default());
+                    });
                 }
                 // In memory, the file can go: the run keeps none from then on, rather than stop.
                 Err(failure) if !self.registry.is_local() && remove(&file).is_ok() => {
@@ -861,6 +909,7 @@ impl LeaseWorker {
                     );
                     self.ceiling_file = None;
                     self.recorded = None;
+                    shmem::update_lease_status(|status| status.ceiling_file = Text::default());
                     self.state
                         .open_gate(&grant(held, held.reserved_until_ms, 0, floor_ms));
                     return;
@@ -874,6 +923,7 @@ impl LeaseWorker {
                     let first = shmem::update_lease_status(|status| {
                         let first = status.ceiling_error.as_str().is_empty();
                         status.ceiling_error = Text::new(&text);
+                        status.ceiling_file = Text::default();
                         first
                     });
                     if first {
@@ -947,11 +997,21 @@ impl LeaseWorker {
     }
 }
 
-/// How the ceiling runs ahead of the clock (see `ceiling::Policy`).
-fn ceiling_policy() -> ceiling::Policy {
-    ceiling::Policy {
-        lead_ms: CEILING_LEAD.as_millis() as u64,
-        refresh_below_ms: Timing::ceiling_refresh_below().as_millis() as u64,
+/// Takes the ceiling lock (see `IssuingState::try_lock_ceiling`), waiting out a caller that holds
+/// it while it moves the ceiling on (for one write of the file), for up to `wait`.
+fn lock_ceiling_within(
+    state: &'static IssuingState,
+    wait: Duration,
+) -> Option<CeilingLock<'static>> {
+    let started = Instant::now();
+    loop {
+        if let Some(held) = state.try_lock_ceiling() {
+            return Some(held);
+        }
+        if started.elapsed() >= wait {
+            return None;
+        }
+        std::thread::sleep(CEILING_LOCK_POLL);
     }
 }
 
@@ -1004,9 +1064,12 @@ fn throttle_restarts() -> bool {
 
 /// On SIGTERM: a worker terminated alone leaves for a new one to take over; at a shutdown, it closes
 /// the gate and releases the lease, lowering the mark to just above the last id issued.
-fn stop(state: &IssuingState, worker: Option<&mut LeaseWorker>) {
+fn stop(state: &'static IssuingState, worker: Option<&mut LeaseWorker>) {
     signals::leave_unless_server_stopping();
     shmem::update_lease_status(|status| status.state = State::Released);
+    // Held to the end, so that no caller moves the ceiling on past the release's: waited for as
+    // long as it takes, as PostgreSQL's shutdown waits for that caller's backend too.
+    let _ceiling = lock_ceiling_within(state, Duration::MAX);
     let high_water_ms = state.close_gate(&state.issuing_clock());
     if let Some(worker) = worker {
         worker.release(high_water_ms);

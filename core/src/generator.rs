@@ -20,8 +20,9 @@
 //! clock that does not move is refused rather than spun on forever.
 //!
 //! A third wait is the lease's: a caller that reaches the ceiling the lease worker moves on (see
-//! [`Grant::moves_up_to_ms`]) sleeps until the worker has moved it, or until the lease's deadline,
-//! where it is refused.
+//! [`Grant::moves_up_to_ms`]) moves it on itself where the worker is held up
+//! ([`Waiter::move_ceiling_on`]), or else sleeps until it has been moved, or until the lease's
+//! deadline, where it is refused.
 
 use crate::clock::{Clock, SystemClock};
 use crate::defects::{self, Defect};
@@ -110,6 +111,12 @@ pub trait Waiter {
     fn sleep(&self, duration: Duration);
     /// Called on every turn of a spin.
     fn check_interrupts(&self);
+    /// Called by a caller that reached the ceiling, which the lease worker keeps ahead of the
+    /// clock and so is late to move: moves it on as the worker would, under the ceiling lock
+    /// ([`IssuingState::try_lock_ceiling`]); whether it did.
+    fn move_ceiling_on(&self) -> bool {
+        false
+    }
 }
 
 /// Consecutive stamps of one millisecond, claimed together under one worker id.
@@ -198,6 +205,24 @@ pub struct Grant {
     pub deadline_ns: u64,
 }
 
+/// The gate as a caller at the ceiling found it (`IssuingState::bound_to_move`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundToMove {
+    word: u64,
+    pub worker_id: u16,
+    pub bound_ms: u64,
+    pub moves_up_to_ms: u64,
+}
+
+/// The ceiling lock, held until dropped (`IssuingState::try_lock_ceiling`).
+pub struct CeilingLock<'a>(&'a AtomicU64);
+
+impl Drop for CeilingLock<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Release);
+    }
+}
+
 /// The generator's shared state: the last stamp, the lease gate and the counters, all plain atomics
 /// so that the state can live in shared memory. All zeroes is the valid initial state: nothing
 /// issued, gate closed.
@@ -211,6 +236,11 @@ pub struct IssuingState {
     clock_backward_waits: AtomicU64,
     clock_backward_refusals: AtomicU64,
     ceiling_waits: AtomicU64,
+    /// Held by whoever moves the ceiling on or changes the gate (see [`CeilingLock`]).
+    ceiling_lock: AtomicU64,
+    /// The bound a caller last raised the gate to and the lease worker has not taken in yet; 0 for
+    /// none.
+    raised_by_a_caller: AtomicU64,
     gate: GateWords,
     /// Written by every refused call (see `refusals`).
     refusals: Refusals,
@@ -255,7 +285,8 @@ pub struct Snapshot {
     pub sequence_overflow_waits: u64,
     pub clock_backward_waits: u64,
     pub clock_backward_refusals: u64,
-    /// Calls that waited for the lease worker to move the ceiling on.
+    /// Calls that reached the ceiling: each waited for the lease worker to move it on, or moved it
+    /// on itself.
     pub ceiling_waits: u64,
 }
 
@@ -290,12 +321,16 @@ impl IssuingState {
                     waiter.sleep(GATE_CHANGE_POLL.min(until_deadline));
                 }
                 Look::AtCeiling { until_deadline } => {
+                    if ceiling_poll.is_none() {
+                        self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if waiter.move_ceiling_on() {
+                        ceiling_poll = Some(Duration::ZERO);
+                        continue;
+                    }
                     let poll = match ceiling_poll {
-                        None => {
-                            self.ceiling_waits.fetch_add(1, Ordering::Relaxed);
-                            CEILING_POLL
-                        }
-                        Some(poll) => (poll * 2).min(CEILING_POLL_MAX),
+                        None => CEILING_POLL,
+                        Some(poll) => (poll * 2).clamp(CEILING_POLL, CEILING_POLL_MAX),
                     };
                     ceiling_poll = Some(poll);
                     waiter.sleep(poll.min(until_deadline));
@@ -566,6 +601,58 @@ impl IssuingState {
             && gate.reserved_until_ms == grant.reserved_until_ms.min(MAX_MILLIS + 1)
             && self.gate.deadline_ns.load(Ordering::SeqCst) == grant.deadline_ns
             && self.gate.moves_up_to_ms.load(Ordering::SeqCst) == grant.moves_up_to_ms
+    }
+
+    /// Takes the ceiling lock, unless someone holds it. The lease worker holds it whenever it
+    /// changes the gate, and a caller while it moves the ceiling on, from its write of the file to
+    /// its raise of the gate: so the file and the gate change in one order at a time, the file
+    /// always at or above the gate (docs/protocol.md, rule *ceiling*).
+    pub fn try_lock_ceiling(&self) -> Option<CeilingLock<'_>> {
+        self.ceiling_lock
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| CeilingLock(&self.ceiling_lock))
+    }
+
+    /// The gate's bound as a caller at the ceiling may move it on: open, its change complete, and
+    /// below what the lease worker would move it up to.
+    pub fn bound_to_move(&self) -> Option<BoundToMove> {
+        let word = self.gate.word.load(Ordering::SeqCst);
+        let gate = Gate::unpack(word);
+        let moves_up_to_ms = self.gate.moves_up_to_ms.load(Ordering::SeqCst);
+        (gate.reserved_until_ms > 0
+            && gate.generation == word_generation(self.last_stamp.load(Ordering::SeqCst))
+            && gate.reserved_until_ms < moves_up_to_ms)
+            .then_some(BoundToMove {
+                word,
+                worker_id: gate.worker_id,
+                bound_ms: gate.reserved_until_ms,
+                moves_up_to_ms,
+            })
+    }
+
+    /// Raises the gate's bound from `seen` to `to_ms` (at most `seen.moves_up_to_ms`), unless the
+    /// gate changed since: whether it did. The generation stays: a claim looked at below the old
+    /// bound lies below the new one, under the same grant.
+    pub fn raise_bound(&self, _held: &CeilingLock, seen: BoundToMove, to_ms: u64) -> bool {
+        debug_assert!(to_ms > seen.bound_ms && to_ms <= seen.moves_up_to_ms);
+        let mut gate = Gate::unpack(seen.word);
+        gate.reserved_until_ms = to_ms.min(seen.moves_up_to_ms);
+        let raised = self
+            .gate
+            .word
+            .compare_exchange(seen.word, gate.pack(), Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if raised {
+            self.raised_by_a_caller.store(to_ms, Ordering::SeqCst);
+        }
+        raised
+    }
+
+    /// The bound a caller raised the gate to since the lease worker last asked, if any: the
+    /// ceiling it recorded before.
+    pub fn take_callers_raise(&self, _held: &CeilingLock) -> Option<u64> {
+        Some(self.raised_by_a_caller.swap(0, Ordering::SeqCst)).filter(|&ms| ms > 0)
     }
 
     /// Stops issuing and returns the smallest millisecond above every id issued. The generation
@@ -967,6 +1054,135 @@ mod tests {
             Err(Refusal::BoundReached)
         );
         assert_eq!(worker.sleeps.get(), 3);
+    }
+
+    /// A caller that moves the ceiling on itself, a second ahead as the lease worker would, while
+    /// the worker is held up; or, with `held_elsewhere`, finds the ceiling lock taken.
+    struct MovingCaller<'a> {
+        state: &'a IssuingState,
+        held_elsewhere: bool,
+        moved_to: RefCell<Vec<u64>>,
+        slept: RefCell<Vec<Duration>>,
+    }
+
+    impl Waiter for MovingCaller<'_> {
+        fn sleep(&self, duration: Duration) {
+            self.slept.borrow_mut().push(duration);
+        }
+        fn check_interrupts(&self) {}
+        fn move_ceiling_on(&self) -> bool {
+            let _elsewhere = self.held_elsewhere.then(|| self.state.try_lock_ceiling());
+            let Some(held) = self.state.try_lock_ceiling() else {
+                return false;
+            };
+            let seen = self
+                .state
+                .bound_to_move()
+                .expect("open, below where it moves up to");
+            let to_ms = (seen.bound_ms + 1_000).min(seen.moves_up_to_ms);
+            self.moved_to.borrow_mut().push(to_ms);
+            self.state.raise_bound(&held, seen, to_ms)
+        }
+    }
+
+    #[test]
+    fn a_caller_at_the_ceiling_moves_it_on_itself_where_it_can_take_the_lock() {
+        let state = IssuingState::default();
+        state.open_gate(&Grant {
+            reserved_until_ms: T + 1,
+            moves_up_to_ms: T + 1_500,
+            ..OPEN
+        });
+        let clock = ScriptedClock::new(&[T + 1]);
+        let caller = MovingCaller {
+            state: &state,
+            held_elsewhere: false,
+            moved_to: RefCell::default(),
+            slept: RefCell::default(),
+        };
+        assert_eq!(
+            state.issue(&clock, &caller, 1, 5).unwrap().first,
+            stamp(T + 1, 0)
+        );
+        assert_eq!(*caller.moved_to.borrow(), [T + 1_001]);
+        assert!(caller.slept.borrow().is_empty(), "no sleep");
+        assert_eq!(state.snapshot().ceiling_waits, 1);
+        // The raise kept the grant and its generation: a claim looked at before it swaps in.
+        clock.then(&[T + 2]);
+        let Ok(Look::Claim(pending)) = state.look(&clock, 1) else {
+            panic!("a claim below the raised bound")
+        };
+        let held = state.try_lock_ceiling().unwrap();
+        assert!(state.try_lock_ceiling().is_none(), "one holder at a time");
+        assert_eq!(state.take_callers_raise(&held), Some(T + 1_001));
+        assert_eq!(state.take_callers_raise(&held), None, "taken in once");
+        drop(held);
+        assert!(state.swap(pending).is_some());
+        // Never past where the lease worker would move it: the reservation.
+        clock.then(&[T + 1_001]);
+        assert_eq!(
+            state.issue(&clock, &caller, 1, 5).unwrap().first,
+            stamp(T + 1_001, 0)
+        );
+        assert_eq!(*caller.moved_to.borrow(), [T + 1_001, T + 1_500]);
+        clock.then(&[T + 1_500]);
+        assert_eq!(state.bound_to_move(), None);
+        assert_eq!(
+            state.issue(&clock, &caller, 1, 5),
+            Err(Refusal::BoundReached)
+        );
+    }
+
+    #[test]
+    fn a_caller_that_finds_the_ceiling_lock_taken_waits_as_before() {
+        let state = IssuingState::default();
+        state.open_gate(&Grant {
+            reserved_until_ms: T + 1,
+            moves_up_to_ms: T + 30_000,
+            deadline_ns: 20_000_000,
+            ..OPEN
+        });
+        let clock = ScriptedClock::new(&[T + 1]);
+        let caller = MovingCaller {
+            state: &state,
+            held_elsewhere: true,
+            moved_to: RefCell::default(),
+            slept: RefCell::default(),
+        };
+        assert_eq!(state.issue(&clock, &caller, 1, 5), Err(Refusal::NotLeased));
+        assert!(caller.moved_to.borrow().is_empty());
+        assert!(
+            !caller.slept.borrow().is_empty(),
+            "it slept until the deadline"
+        );
+    }
+
+    #[test]
+    fn a_raise_fails_once_the_gate_changed_and_none_is_offered_while_closed() {
+        let state = IssuingState::default();
+        assert_eq!(state.bound_to_move(), None, "closed");
+        let grant = Grant {
+            reserved_until_ms: T + 1,
+            moves_up_to_ms: T + 30_000,
+            ..OPEN
+        };
+        state.open_gate(&grant);
+        let seen = state.bound_to_move().unwrap();
+        assert_eq!(
+            (seen.worker_id, seen.bound_ms, seen.moves_up_to_ms),
+            (17, T + 1, T + 30_000)
+        );
+        // The worker moved the ceiling on meanwhile: the caller's raise from what it saw fails.
+        state.open_gate(&Grant {
+            reserved_until_ms: T + 500,
+            ..grant
+        });
+        let held = state.try_lock_ceiling().unwrap();
+        assert!(!state.raise_bound(&held, seen, T + 1_001));
+        assert_eq!(state.take_callers_raise(&held), None);
+        drop(held);
+        state.close_gate(&ScriptedClock::new(&[T + 2]));
+        assert_eq!(state.bound_to_move(), None, "closed again");
     }
 
     /// A wall clock `offset_ms` ahead of a monotonic clock that moves only when told.

@@ -1,9 +1,11 @@
 //! The model checker of one server's issuing state (docs/protocol.md, rules *stamp* and *gate*):
 //! two backends, each of which looks at the stamp word, the clocks and the gate, and swaps the word
 //! in a later step, with anything in between; the lease worker opening the gate with a grant of
-//! worker id 0 or 1, and closing it; time passing, and the wall clock stepped back. Each step calls
-//! the generator's own functions (`IssuingState::look`, `swap`, `open_gate`, `close_gate`) on the
-//! state the model keeps as values between steps; each of the lease worker's calls is one step.
+//! worker id 0 or 1, and closing it; a caller at the ceiling moving it on while the worker is held
+//! up; time passing, and the wall clock stepped back. Each step calls the generator's own functions
+//! (`IssuingState::look`, `swap`, `open_gate`, `close_gate`, `bound_to_move`, `raise_bound`) on the
+//! state the model keeps as values between steps; each of the lease worker's calls, and a caller's
+//! raise (which holds the ceiling lock, as the worker's gate changes do), is one step.
 //!
 //! It checks that a server's ids increase (I2), that every id is issued under the grant in force
 //! when it is swapped in (its worker id, at or above its floor, below its reservation), and that
@@ -33,19 +35,25 @@ const STEP_BACK_MS: u32 = 2;
 const GATE_CHANGES: u8 = 3;
 /// How many claims the backends look at in one trace, together.
 const CLAIMS: u8 = 3;
-/// The grants the lease worker opens the gate with: worker id 0, reserved until the last tick
-/// (where its callers are refused); and another worker id, 1, whose ids start above a floor.
+/// The grants the lease worker opens the gate with: worker id 0, its ceiling a millisecond after
+/// the start, which moves up to the last tick (where its callers are refused); and another worker
+/// id, 1, whose ids start above a floor.
 const GRANTS: [Grant; 2] = [
-    grant(0, None, START_MS + TICKS as u64),
-    grant(1, Some(START_MS + 1), START_MS + TICKS as u64 + 1),
+    grant(0, None, START_MS + 1, START_MS + TICKS as u64),
+    grant(1, Some(START_MS + 1), START_MS + TICKS as u64 + 1, 0),
 ];
 
-const fn grant(worker_id: u16, floor_ms: Option<u64>, reserved_until_ms: u64) -> Grant {
+const fn grant(
+    worker_id: u16,
+    floor_ms: Option<u64>,
+    reserved_until_ms: u64,
+    moves_up_to_ms: u64,
+) -> Grant {
     Grant {
         worker_id,
         floor_ms,
         reserved_until_ms,
-        moves_up_to_ms: 0,
+        moves_up_to_ms,
         deadline_ns: u64::MAX / 2,
     }
 }
@@ -75,6 +83,8 @@ enum Action {
     Swap(usize),
     Open(usize),
     Close,
+    /// A caller at the ceiling moves it on by a millisecond.
+    Raise,
 }
 
 /// What went wrong, first.
@@ -108,6 +118,10 @@ struct State {
     in_flight: [Option<InFlight>; 2],
     /// The grant in force, by its index in `GRANTS`; `None` while the gate is closed.
     in_force: Option<usize>,
+    /// The bound in force: the grant's reservation, or where a caller raised it since.
+    bound: u64,
+    /// An id was issued at or above the bound its grant was opened with, past a caller's raise.
+    issued_past_a_raise: bool,
     gate_changes: u8,
     claims: u8,
     highest_id: u64,
@@ -141,6 +155,8 @@ impl Model for Issuing {
             behind_ms: 0,
             in_flight: [None; 2],
             in_force: None,
+            bound: 0,
+            issued_past_a_raise: false,
             gate_changes: 0,
             claims: 0,
             highest_id: 0,
@@ -172,6 +188,9 @@ impl Model for Issuing {
                 }
                 None => {}
             }
+        }
+        if issuing.bound_to_move().is_some() {
+            actions.push(Action::Raise);
         }
         if state.gate_changes < GATE_CHANGES {
             actions.extend((0..GRANTS.len()).map(Action::Open));
@@ -221,7 +240,16 @@ impl Model for Issuing {
                     return None;
                 }
                 state.in_force = Some(g);
+                state.bound = GRANTS[g].reserved_until_ms;
                 state.gate_changes += 1;
+            }
+            Action::Raise => {
+                let seen = issuing.bound_to_move()?;
+                let held = issuing.try_lock_ceiling()?;
+                if !issuing.raise_bound(&held, seen, seen.bound_ms + 1) {
+                    return None;
+                }
+                state.bound = seen.bound_ms + 1;
             }
             Action::Close => {
                 let bound = issuing.close_gate(&state.clock());
@@ -254,6 +282,10 @@ impl Model for Issuing {
                 "a swap in flight fails after a gate change",
                 |_, state: &State| state.fenced,
             ),
+            Property::sometimes(
+                "an id is issued past a caller's raise",
+                |_, state: &State| state.issued_past_a_raise,
+            ),
         ]
     }
 }
@@ -264,10 +296,11 @@ fn issued(state: &mut State, stamp: u64, worker_id: u16, below: Option<u64>) {
     let ms = layout::stamp_millis(stamp);
     let id = layout::id_from_stamp(stamp, worker_id) as u64;
     let in_force = state.in_force.map(|g| &GRANTS[g]).is_some_and(|grant| {
-        grant.worker_id == worker_id
-            && ms >= grant.floor_ms.unwrap_or(0)
-            && ms < grant.reserved_until_ms
+        grant.worker_id == worker_id && ms >= grant.floor_ms.unwrap_or(0) && ms < state.bound
     });
+    state.issued_past_a_raise |= state
+        .in_force
+        .is_some_and(|g| ms >= GRANTS[g].reserved_until_ms);
     let violation = if id <= state.highest_id {
         Some(Violation::NotIncreasing { id })
     } else if let Some(bound) = below.filter(|&bound| ms >= bound) {
@@ -369,6 +402,7 @@ fn told(state: &State, action: Action) -> String {
         Action::Close => format!(
             "the lease worker closes the gate with the wall clock at millisecond {wall}"
         ),
+        Action::Raise => "a caller at the ceiling moves it on by a millisecond".to_string(),
     }
 }
 
@@ -390,6 +424,10 @@ fn every_id_is_issued_under_the_grant_in_force_and_below_the_bound_of_a_closing(
     assert!(report.contains("both backends issue: reached"), "{report}");
     assert!(
         report.contains("a swap in flight fails after a gate change: reached"),
+        "{report}"
+    );
+    assert!(
+        report.contains("an id is issued past a caller's raise: reached"),
         "{report}"
     );
     for property in ALWAYS {

@@ -82,6 +82,9 @@ pub struct Status {
     pub last_error: Text<256>,
     /// Why the ceiling could not be recorded the last time the worker tried; empty once it could.
     pub ceiling_error: Text<256>,
+    /// The file the worker last recorded the ceiling in, for a caller that moves it on while the
+    /// worker is held up; empty while none is recorded (or its path is longer than this holds).
+    pub ceiling_file: Text<1024>,
     /// The row is held by a server whose renewals this server cannot see, or was released by one
     /// this server may be a copy of: only `snowid_handover` (or that server's release) frees it.
     pub handover_needed: bool,

@@ -48,8 +48,8 @@ impl Timing {
 
     /// A renewal, a ceiling write or a late wake-up of the worker that takes longer than this is
     /// logged: half the headroom the ceiling has left when the worker moves it on. Past the whole
-    /// headroom callers wait at the ceiling (a claim of a shared registry aside, which its
-    /// ceiling covers).
+    /// headroom callers move the ceiling on themselves (a claim of a shared registry aside, which
+    /// its ceiling covers).
     pub fn slow_after(&self) -> Duration {
         Timing::ceiling_refresh_below() / 2
     }

@@ -478,18 +478,18 @@ pub fn write(dir: &Path, options: &Options, machine: &str, trials: &[Trial], cal
     std::fs::write(dir.join("availability.tsv"), availability(trials, calls)).unwrap();
 }
 
-/// Per fault kind and ratio, for each 100 ms window since the fault began: the share of the
-/// trials' measured nodes that issued in it.
+/// Per fault kind, position and ratio, for each 100 ms window since the fault began: the share of
+/// the trials' measured nodes that issued in it.
 fn availability(trials: &[Trial], calls: &[Call]) -> String {
-    let mut text = String::from("kind\tratio\tsecond\tissuing\n");
-    let mut groups: BTreeMap<(&str, u64), Vec<&Trial>> = BTreeMap::new();
+    let mut text = String::from("kind\tposition\tratio\tsecond\tissuing\n");
+    let mut groups: BTreeMap<(&str, Position, u64), Vec<&Trial>> = BTreeMap::new();
     for trial in trials {
         groups
-            .entry((trial.kind, (trial.ratio * 100.0) as u64))
+            .entry((trial.kind, trial.position, (trial.ratio * 100.0) as u64))
             .or_default()
             .push(trial);
     }
-    for ((kind, ratio), group) in groups {
+    for ((kind, position, ratio), group) in groups {
         let longest_us = group
             .iter()
             .map(|trial| trial.ended_us - trial.started_us)
@@ -521,7 +521,8 @@ fn availability(trials: &[Trial], calls: &[Call]) -> String {
         for (window, count) in issuing.iter().enumerate() {
             writeln!(
                 text,
-                "{kind}\t{}\t{:.1}\t{:.3}",
+                "{kind}\t{}\t{}\t{:.1}\t{:.3}",
+                position.name(),
                 ratio as f64 / 100.0,
                 window as f64 * WINDOW_US as f64 / 1e6,
                 *count as f64 / measured as f64
