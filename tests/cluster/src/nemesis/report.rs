@@ -5,7 +5,7 @@
 
 use super::checker::{self, NodeLog, Verdict};
 use super::clients::{Call, Outcome};
-use super::fleet::{Fleet, NOTHING_DONE};
+use super::fleet::{Fleet, LEASE_TTL_S, NOTHING_DONE};
 use super::schedule::{node_name, Channel, Fault};
 use super::{History, QUIET_END};
 use std::collections::{BTreeMap, BTreeSet};
@@ -184,8 +184,9 @@ fn text(
 
     let _ = writeln!(
         out,
-        "\nAvailability: the share of 100 ms windows in which a node issued an id, over the whole run\n\
-         and over the windows in which a fault of each kind was in force on the node or its registry\n\
+        "\nAvailability: the share of 100 ms windows in which a node issued an id, over the whole run,\n\
+         over the windows with no fault in force on the node or its registry (and by how long ago the\n\
+         last one ended), and over the windows in which a fault of each kind was in force there\n\
          (other faults may have been in force too):"
     );
     let table = availability(history);
@@ -293,6 +294,31 @@ fn availability(history: &History) -> Vec<(String, Vec<(usize, usize)>)> {
     rows.push((
         "no fault in force".to_string(),
         count(&|node, w| in_force[node][w].is_empty()),
+    ));
+    // With no fault in force, by how long ago the last one on the node or its registry ended.
+    let mut since_end = vec![vec![None; windows + 1]; nodes];
+    for (node, since) in since_end.iter_mut().enumerate() {
+        let mut last_end = None;
+        for w in 0..=windows {
+            if !in_force[node][w].is_empty() {
+                last_end = Some(w);
+            } else if let Some(end) = last_end {
+                since[w] = Some((w - end) as u64 * WINDOW_US as u64 / 1000);
+            }
+        }
+    }
+    let settled_ms = (u64::from(LEASE_TTL_S) + 5) * 1000;
+    for (from_ms, to_ms) in [(0, 1_000), (1_000, 2_000), (2_000, 5_000), (5_000, settled_ms)] {
+        rows.push((
+            format!("  no fault for {} to {} s", from_ms / 1000, to_ms / 1000),
+            count(&|node, w| since_end[node][w].is_some_and(|ms| (from_ms..to_ms).contains(&ms))),
+        ));
+    }
+    rows.push((
+        format!("  no fault for a lease and 5 s ({} s) or more", settled_ms / 1000),
+        count(&|node, w| {
+            in_force[node][w].is_empty() && since_end[node][w].is_none_or(|ms| ms >= settled_ms)
+        }),
     ));
     let kinds: BTreeSet<&str> = history
         .struck
