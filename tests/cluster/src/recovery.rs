@@ -7,7 +7,7 @@
 
 use crate::ids::unix_us;
 use crate::nemesis::checker::documented_refusal;
-use crate::nemesis::clients::{self, Call, Outcome, Style};
+use crate::nemesis::clients::{self, Call, Outcome};
 use crate::nemesis::fleet::{lock, Fleet, WORKER_IDS};
 use crate::nemesis::schedule::{Fault, Registry, MAX_CLOCK_BACKWARD_MS};
 use std::collections::BTreeMap;
@@ -112,17 +112,7 @@ pub fn run(options: &Options) -> (Vec<Trial>, Vec<Call>) {
     let done = AtomicBool::new(false);
     let quiet = Duration::from_secs(u64::from(options.lease_ttl_s) + 5);
     std::thread::scope(|scope| {
-        let applications: Vec<_> = fleet
-            .nodes
-            .iter()
-            .enumerate()
-            .flat_map(|(index, node)| {
-                [Style::Session, Style::ConnectionPerCall].map(|style| {
-                    let done = &done;
-                    scope.spawn(move || clients::run(index, &node.cluster, style, done))
-                })
-            })
-            .collect();
+        let applications = clients::start_on(scope, &fleet, &done);
         let mut trials = vec![];
         std::thread::sleep(quiet);
         for &(kind, fault) in &options.kinds {
@@ -145,11 +135,7 @@ pub fn run(options: &Options) -> (Vec<Trial>, Vec<Call>) {
             }
         }
         done.store(true, Ordering::Relaxed);
-        let calls = applications
-            .into_iter()
-            .flat_map(|application| application.join().unwrap())
-            .collect();
-        (trials, calls)
+        (trials, applications.join())
     })
 }
 

@@ -41,11 +41,10 @@ fn main() {
                     .unwrap_or_else(|| fail("--minutes takes a number of minutes, up to 180"))
             }
             "--registry" => {
-                registry = Some(match value.as_str() {
-                    "postgres" => Registry::Postgres,
-                    "etcd" => Registry::Etcd,
-                    _ => fail("--registry is postgres or etcd"),
-                })
+                registry = Some(
+                    Registry::named(&value)
+                        .unwrap_or_else(|| fail("--registry is postgres or etcd")),
+                )
             }
             "--report" => report = Some(PathBuf::from(value)),
             _ => fail(&format!("unknown option {flag}")),

@@ -27,11 +27,10 @@ fn main() {
         let list = || value.split(',').map(str::to_string).collect::<Vec<_>>();
         match flag.as_str() {
             "--registry" => {
-                registry = Some(match value.as_str() {
-                    "postgres" => Registry::Postgres,
-                    "etcd" => Registry::Etcd,
-                    _ => fail("--registry is postgres or etcd"),
-                })
+                registry = Some(
+                    Registry::named(&value)
+                        .unwrap_or_else(|| fail("--registry is postgres or etcd")),
+                )
             }
             "--lease-ttl" => {
                 lease_ttl_s = value

@@ -5,10 +5,12 @@
 //! clock before and after it, and with the node's lease state as `snowid_status()` reported it in
 //! the same statement.
 
+use super::fleet::Fleet;
 use crate::ids::unix_us;
 use crate::Cluster;
 use postgres::Client;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Duration;
 
 /// One call of an application.
@@ -38,6 +40,37 @@ pub enum Style {
     Session,
     /// A new session for every call, of one id.
     ConnectionPerCall,
+}
+
+/// Both applications on every node of a fleet, running until their flag is set.
+pub struct Applications<'scope>(Vec<ScopedJoinHandle<'scope, Vec<Call>>>);
+
+impl Applications<'_> {
+    /// Waits for every application to stop; every call they made.
+    pub fn join(self) -> Vec<Call> {
+        self.0
+            .into_iter()
+            .flat_map(|application| application.join().unwrap())
+            .collect()
+    }
+}
+
+/// Starts both applications on every node of `fleet` in `scope`, until `done`.
+pub fn start_on<'scope>(
+    scope: &'scope Scope<'scope, '_>,
+    fleet: &'scope Fleet,
+    done: &'scope AtomicBool,
+) -> Applications<'scope> {
+    let applications = fleet
+        .nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(index, node)| {
+            [Style::Session, Style::ConnectionPerCall]
+                .map(|style| scope.spawn(move || run(index, &node.cluster, style, done)))
+        })
+        .collect();
+    Applications(applications)
 }
 
 /// Calls `node`'s server in `style` until `done`; every call made.

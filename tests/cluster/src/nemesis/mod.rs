@@ -10,7 +10,7 @@ pub mod schedule;
 
 use crate::ids::unix_us;
 use checker::ClockChange;
-use clients::{Call, Style};
+use clients::Call;
 use fleet::{lock, Fleet};
 use schedule::{Channel, Fault, Planned, Registry};
 use std::path::PathBuf;
@@ -77,17 +77,7 @@ pub fn run(options: &Options) -> bool {
     let started = Instant::now();
     let started_us = unix_us();
     let (calls, faults_ended_us, nemesis_failure) = std::thread::scope(|scope| {
-        let applications: Vec<_> = fleet
-            .nodes
-            .iter()
-            .enumerate()
-            .flat_map(|(index, node)| {
-                [Style::Session, Style::ConnectionPerCall].map(|style| {
-                    let done = &done;
-                    scope.spawn(move || clients::run(index, &node.cluster, style, done))
-                })
-            })
-            .collect();
+        let applications = clients::start_on(scope, &fleet, &done);
         let mut channels: Vec<Channel> = schedule.iter().map(|fault| fault.channel).collect();
         channels.sort();
         channels.dedup();
@@ -147,10 +137,7 @@ pub fn run(options: &Options) -> bool {
         let faults_ended_us = unix_us();
         std::thread::sleep(QUIET_END);
         done.store(true, Ordering::Relaxed);
-        let calls: Vec<Call> = applications
-            .into_iter()
-            .flat_map(|application| application.join().unwrap())
-            .collect();
+        let calls = applications.join();
         let failure = (!failures.is_empty()).then(|| failures.join("\n"));
         (calls, faults_ended_us, failure)
     });

@@ -308,14 +308,22 @@ fn availability(history: &History) -> Vec<(String, Vec<(usize, usize)>)> {
         }
     }
     let settled_ms = (u64::from(LEASE_TTL_S) + 5) * 1000;
-    for (from_ms, to_ms) in [(0, 1_000), (1_000, 2_000), (2_000, 5_000), (5_000, settled_ms)] {
+    for (from_ms, to_ms) in [
+        (0, 1_000),
+        (1_000, 2_000),
+        (2_000, 5_000),
+        (5_000, settled_ms),
+    ] {
         rows.push((
             format!("  no fault for {} to {} s", from_ms / 1000, to_ms / 1000),
             count(&|node, w| since_end[node][w].is_some_and(|ms| (from_ms..to_ms).contains(&ms))),
         ));
     }
     rows.push((
-        format!("  no fault for a lease and 5 s ({} s) or more", settled_ms / 1000),
+        format!(
+            "  no fault for a lease and 5 s ({} s) or more",
+            settled_ms / 1000
+        ),
         count(&|node, w| {
             in_force[node][w].is_empty() && since_end[node][w].is_none_or(|ms| ms >= settled_ms)
         }),

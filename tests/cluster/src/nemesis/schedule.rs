@@ -36,6 +36,13 @@ impl Registry {
             Registry::Etcd => "etcd",
         }
     }
+
+    /// The registry `name` names, as the command lines spell it (see [`Registry::name`]).
+    pub fn named(name: &str) -> Option<Registry> {
+        [Registry::Postgres, Registry::Etcd]
+            .into_iter()
+            .find(|registry| registry.name() == name)
+    }
 }
 
 /// What a fault strikes.
