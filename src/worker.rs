@@ -223,7 +223,9 @@ impl Slowness {
             "snowid lease worker is held up: {}, more than {} ms; calls to snowid_next() {}",
             what(took.as_millis()),
             timing.slow_after().as_millis(),
-            format_args!("that reach the ceiling move it on themselves where they can, and {refused_after}")
+            format_args!(
+                "that reach the ceiling move it on themselves where they can, and {refused_after}"
+            )
         );
     }
 }
@@ -389,9 +391,11 @@ impl LeaseWorker {
 
     /// Acts on a refused claim of `worker_id` (`None`: of any one): the lease is another server's
     /// until `expires_at`, or, `unsettled`, may be one the registry lost until then. Says when to
-    /// claim again.
+    /// claim again, counted from `sent_ns`, when the claim was sent: just after `expires_at` where
+    /// that comes first.
     fn refused(
         &mut self,
+        sent_ns: u64,
         worker_id: Option<u16>,
         holder: &str,
         expires_at: i64,
@@ -414,7 +418,16 @@ impl LeaseWorker {
             status.last_error = Text::default();
         });
         self.lose_lease();
-        self.timing.retry_every()
+        if handover_needed || released {
+            // Only an operator ends these.
+            self.timing.retry_every()
+        } else {
+            let since_sent = SystemClock.monotonic_ns().saturating_sub(sent_ns);
+            self.timing.retry_after_refusal(
+                expires_at - SystemClock.unix_millis(),
+                Duration::from_nanos(since_sent),
+            )
+        }
     }
 
     /// Claims the lease, acts on the answer, and says when to claim again.
@@ -496,16 +509,16 @@ impl LeaseWorker {
                         expires_at,
                         released,
                     },
-            }) => self.refused(worker_id, &holder, expires_at, released, false),
+            }) => self.refused(sent_ns, worker_id, &holder, expires_at, released, false),
             // A registry in a new epoch grants no new holder any worker id.
             Ok(Answer {
                 verdict: Verdict::Unsettled { until },
                 ..
-            }) => self.refused(self.configured, "", until, false, true),
+            }) => self.refused(sent_ns, self.configured, "", until, false, true),
             Ok(Answer {
                 worker_id,
                 verdict: Verdict::Fenced { expires_at },
-            }) => self.fenced(worker_id, expires_at),
+            }) => self.fenced(sent_ns, worker_id, expires_at),
             Ok(Answer {
                 worker_id,
                 verdict: Verdict::MarkBeyondLayout { high_water_ms },
@@ -679,10 +692,10 @@ impl LeaseWorker {
     /// `Verdict::Fenced`): the two may have issued the same ids meanwhile, which no registry can
     /// see, but from now on this copy issues none under the lease. It becomes a new run of the
     /// server, which the registry refuses the worker id while the other copy's lease runs.
-    fn fenced(&mut self, worker_id: Option<u16>, expires_at: i64) -> Duration {
+    fn fenced(&mut self, sent_ns: u64, worker_id: Option<u16>, expires_at: i64) -> Duration {
         let carried = shmem::lease_status().carried.is_some();
         let name = self.me.name.clone();
-        let retry = self.refused(worker_id, &name, expires_at, false, false);
+        let retry = self.refused(sent_ns, worker_id, &name, expires_at, false, false);
         let worker_id = worker_id.map_or("its worker id".into(), |id| format!("worker id {id}"));
         if carried {
             warning!(

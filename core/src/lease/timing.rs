@@ -16,6 +16,10 @@ pub struct Timing {
 /// longer, is covered by a ceiling raised to the reservation before it is sent.
 pub const CEILING_LEAD: Duration = Duration::from_secs(1);
 
+/// How long after a refusal's end the worker claims again: the registry judges on its own clock,
+/// so a claim that arrives a moment early is refused once more.
+pub const AFTER_THE_END: Duration = Duration::from_millis(10);
+
 impl Timing {
     pub fn renew_every(&self) -> Duration {
         self.ttl / 3
@@ -34,6 +38,20 @@ impl Timing {
     /// How soon to try again after a refused or failed claim.
     pub fn retry_every(&self) -> Duration {
         Duration::from_secs(1).min(self.renew_every())
+    }
+
+    /// How soon after sending a claim to claim again, the claim refused until an end the
+    /// registry gave, `ends_in_ms` from when its answer came on this server's clock (another
+    /// server's lease running out, or the registry's epoch), `since_sent` after the sending: just
+    /// after that end where it comes before the regular retry. An end this clock has already passed
+    /// (the registry's clock behind this one) waits the regular retry, so that clocks apart never
+    /// make the worker claim in a loop.
+    pub fn retry_after_refusal(&self, ends_in_ms: i64, since_sent: Duration) -> Duration {
+        let regular = self.retry_every();
+        match u64::try_from(ends_in_ms) {
+            Ok(ms) if ms > 0 => regular.min(since_sent + Duration::from_millis(ms) + AFTER_THE_END),
+            _ => regular,
+        }
     }
 
     /// The ceiling is moved on once less than this is left of its lead.
@@ -76,5 +94,39 @@ mod tests {
         };
         assert_eq!(short.retry_every(), Duration::from_secs(1));
         assert_eq!(short.slow_after(), Duration::from_millis(250));
+    }
+
+    #[test]
+    fn a_refusal_that_ends_before_the_next_retry_is_claimed_again_just_after_its_end() {
+        let timing = Timing {
+            ttl: Duration::from_secs(6),
+        };
+        let sent = Duration::from_millis(40);
+        assert_eq!(
+            timing.retry_after_refusal(300, sent),
+            Duration::from_millis(350)
+        );
+        assert_eq!(
+            timing.retry_after_refusal(1, sent),
+            Duration::from_millis(51)
+        );
+        assert_eq!(
+            timing.retry_after_refusal(950, sent),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            timing.retry_after_refusal(5_000, sent),
+            Duration::from_secs(1)
+        );
+        // Already over on this server's clock: the registry's reads behind it.
+        assert_eq!(timing.retry_after_refusal(0, sent), Duration::from_secs(1));
+        assert_eq!(
+            timing.retry_after_refusal(-400, sent),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            timing.retry_after_refusal(i64::MIN, sent),
+            Duration::from_secs(1)
+        );
     }
 }

@@ -87,6 +87,8 @@ pub struct Trial {
     pub ended_us: i64,
     /// The nodes measured: the one struck, or every node of its own worker id for a registry fault.
     pub nodes: Vec<usize>,
+    /// Each measured node's lease margin when the fault began, in the order of `nodes`.
+    pub margins: Vec<Duration>,
 }
 
 /// What one trial cost one node.
@@ -183,6 +185,27 @@ fn strike(
             | Fault::PartitionFromRegistry
             | Fault::ClockBack { .. }
     );
+    let nodes = if registry_fault {
+        OWN_WORKER_IDS.to_vec()
+    } else {
+        vec![STRUCK]
+    };
+    let margins = nodes
+        .iter()
+        .map(|&measured| {
+            if measured == STRUCK {
+                margin
+            } else {
+                let mut client = fleet.nodes[measured].cluster.connect();
+                Duration::from_secs_f64(
+                    client
+                        .query_one("SELECT lease_seconds_left FROM snowid_status()", &[])
+                        .unwrap()
+                        .get(0),
+                )
+            }
+        })
+        .collect();
     let started_us = unix_us();
     match fault {
         Fault::ClockBack { ms } => {
@@ -209,11 +232,8 @@ fn strike(
         margin,
         started_us,
         ended_us: unix_us(),
-        nodes: if registry_fault {
-            OWN_WORKER_IDS.to_vec()
-        } else {
-            vec![STRUCK]
-        },
+        nodes,
+        margins,
     }
 }
 
@@ -236,11 +256,12 @@ fn wait_until_issuing(fleet: &Fleet, nodes: &[usize]) {
 }
 
 /// What `trial` cost each node it measured, from `calls`.
-pub fn costs(trial: &Trial, calls: &[Call]) -> Vec<Cost> {
+pub fn costs(trial: &Trial, calls: &[Call], lease_ttl: Duration) -> Vec<Cost> {
     trial
         .nodes
         .iter()
-        .map(|&node| {
+        .zip(&trial.margins)
+        .map(|(&node, &margin)| {
             let mine: Vec<&Call> = calls
                 .iter()
                 .filter(|call| call.node == node && call.answered_us >= trial.started_us)
@@ -288,7 +309,7 @@ pub fn costs(trial: &Trial, calls: &[Call]) -> Vec<Cost> {
                 stopped_after,
                 first_id_after_end: first_after
                     .map(|call| micros(call.answered_us - trial.ended_us)),
-                minimum: minimum(trial, first_answer_us),
+                minimum: minimum(trial, margin, first_answer_us, lease_ttl),
                 longest_call,
                 refusals,
                 unavailable,
@@ -297,16 +318,37 @@ pub fn costs(trial: &Trial, calls: &[Call]) -> Vec<Cost> {
         .collect()
 }
 
-/// The least any correct design pays from the end of `trial` to its first id: nothing where the
-/// node was up through it (a fault shorter than the lease margin stops nothing; a longer one is
-/// answered by one claim's round trip, which nothing here makes longer than a few milliseconds,
-/// since nothing was lost); after a node's crash, the time its server took to answer a call at all
-/// (`first_answer_us`), as PostgreSQL's own start costs that.
-pub fn minimum(trial: &Trial, first_answer_us: Option<i64>) -> Duration {
+/// The least any correct design pays from the end of `trial` to its first id on a node whose
+/// lease margin was `margin` when it began: nothing where the node was up through it (a fault
+/// shorter than the margin stops nothing; a longer one is answered by one claim's round trip,
+/// which nothing here makes longer than a few milliseconds); after a node's crash, the time its
+/// server took to answer a call at all (`first_answer_us`), as PostgreSQL's own start costs that.
+/// A registry that came back as a new run of its server (a crash restart, a standby promoted)
+/// cannot tell its history from a restored one's, so where the node's lease, as the registry
+/// recorded it, ran out before the new run answered, the node waits until every lease the
+/// registry may have lost ran out too: a lease after the new run began answering (at the fault's
+/// end after a crash, at its start after a failover; `docs/protocol.md`, rule *epoch*).
+pub fn minimum(
+    trial: &Trial,
+    margin: Duration,
+    first_answer_us: Option<i64>,
+    lease_ttl: Duration,
+) -> Duration {
+    // The registry's row runs the stop margin, a sixth of the lease, past the node's own deadline.
+    let recorded_until_us = trial.started_us + (margin + lease_ttl / 6).as_micros() as i64;
+    let epoch_from = |answering_us: i64| {
+        if recorded_until_us > answering_us {
+            Duration::ZERO
+        } else {
+            micros(answering_us + lease_ttl.as_micros() as i64 - trial.ended_us)
+        }
+    };
     match trial.fault {
         Fault::Crash => first_answer_us.map_or(Duration::ZERO, |answer_us| {
             micros(answer_us - trial.ended_us)
         }),
+        Fault::RegistryPrimaryCrash => epoch_from(trial.ended_us),
+        Fault::RegistryFailover => epoch_from(trial.started_us),
         _ => Duration::ZERO,
     }
 }
@@ -397,7 +439,11 @@ pub fn write(dir: &Path, options: &Options, machine: &str, trials: &[Trial], cal
         let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
         for trial in group {
             margins.push(trial.margin);
-            for cost in costs(trial, calls) {
+            for cost in costs(
+                trial,
+                calls,
+                Duration::from_secs(options.lease_ttl_s.into()),
+            ) {
                 measured += 1;
                 stops += usize::from(cost.stopped_after.is_some());
                 longest = longest.max(cost.longest_call);
