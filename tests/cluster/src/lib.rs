@@ -1897,7 +1897,7 @@ pub fn assert_a_crash_restart(node: &Node, while_down: WhileDown) -> Duration {
         None => assert_eq!(claimed_since, 0),
     }
     // The lease runs 30 s from the renewal (or the copy's claim, right after the crash), read on
-    // the registry's clock, and the restarted server claims again every second.
+    // the registry's clock, and the restarted server claims again just after it runs out.
     assert!(
         waited > Duration::from_secs(25) && waited < Duration::from_secs(33),
         "{waited:?}"

@@ -1288,10 +1288,26 @@ fn two_servers_with_one_identity_never_take_the_lease_from_each_other() {
         || assert!(clone_claims(&mut admin).0, "the clone renews"),
         |refusal| refusal.starts_with(expected) && refusal.ends_with(&conflict),
     );
-    // The clone gone, the original takes the lease once it runs out, above every id before.
+    // The clone gone, the original takes the lease once it runs out, just after, above every id
+    // before.
     let stopped = Instant::now();
+    let row_ms = |admin: &mut Client, column: &str| -> i64 {
+        query_value(
+            admin,
+            &format!(
+                "SELECT (extract(epoch FROM {column}) * 1000)::bigint FROM snowid.worker_lease \
+                 WHERE worker_id = 6"
+            ),
+        )
+    };
+    let clones_expiry_ms = row_ms(&mut admin, "expires_at");
     let state = wait_for_lease_state(&mut on_original, "held", Duration::from_secs(2 * TTL_S + 5));
     assert_eq!(state, "held");
+    let taken_ms = row_ms(&mut admin, "acquired_at");
+    assert!(
+        (clones_expiry_ms..clones_expiry_ms + 400).contains(&taken_ms),
+        "taken at {taken_ms} ms, the clone's lease ran out at {clones_expiry_ms} ms"
+    );
     println!(
         "the original held the lease again {:?} after the clone's last renewal",
         stopped.elapsed()
@@ -1440,7 +1456,13 @@ fn assert_a_change_by_hand_grants_no_worker_id_twice(prefix: &str, change: &str)
         &mut admin,
         "SELECT (extract(epoch FROM settles_at) * 1000)::bigint FROM snowid.registry_epoch",
     );
-    assert!(unix_ms_of(newcomer_ids[0]) >= settles_at_ms);
+    // Refused until the epoch's end, the newcomer claims again just after it, not up to a second
+    // later.
+    assert!(
+        (settles_at_ms..settles_at_ms + 400).contains(&unix_ms_of(newcomer_ids[0])),
+        "first id at {} ms, the epoch ended at {settles_at_ms} ms",
+        unix_ms_of(newcomer_ids[0])
+    );
     let first_id_at = newcomer_calls
         .iter()
         .find(|call| call.result.is_ok())

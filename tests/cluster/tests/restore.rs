@@ -63,7 +63,7 @@ fn assert_newcomer_waited_and_every_lease_is_back(run: &LossRun, registry: &mut 
         "{refusals:?}"
     );
     // The first claim after the restore begins the new epoch, a renewal interval at most after it;
-    // the newcomer claims again every second.
+    // the newcomer claims again just after it ends.
     assert!(
         run.newcomer_first_id_after() < ttl_and_a_renewal() + Duration::from_secs(2),
         "{:?}",

@@ -192,7 +192,7 @@ fn text(
     let table = availability(history);
     let _ = writeln!(
         out,
-        "  {:<40} {}",
+        "  {:<46} {}",
         "",
         (0..history.worker_ids.len())
             .map(|node| format!("{:>14}", node_name(node)))
@@ -210,7 +210,7 @@ fn text(
                 ),
             })
             .collect();
-        let _ = writeln!(out, "  {row:<40} {cells}");
+        let _ = writeln!(out, "  {row:<46} {cells}");
     }
 
     let _ = writeln!(out, "\nThe schedule as it ran (seconds from the start):");
