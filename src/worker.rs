@@ -125,6 +125,7 @@ pub extern "C-unwind" fn snowid_lease_worker_main(_argument: pg_sys::Datum) {
             .map(|directory| directory.join(format!("{}.clock", me_holder))),
         clock_saved_ms: 0,
         run: None,
+        refusals_past_their_end: 0,
     };
     match (run, run_lock) {
         (Some(Ok(Some(held))), _) => worker.run = Some(held),
@@ -265,6 +266,9 @@ struct LeaseWorker {
     /// The lock of this server's runs (see `ceiling::lock_the_run`), held while this worker runs;
     /// `None` where another process holds it, or where nothing is kept in memory.
     run: Option<File>,
+    /// Refusals in a row whose end this server's clock had passed (see
+    /// `Timing::retry_after_refusal`).
+    refusals_past_their_end: u32,
 }
 
 impl LeaseWorker {
@@ -423,10 +427,17 @@ impl LeaseWorker {
             self.timing.retry_every()
         } else {
             let since_sent = SystemClock.monotonic_ns().saturating_sub(sent_ns);
-            self.timing.retry_after_refusal(
-                expires_at - SystemClock.unix_millis(),
+            let ends_in_ms = expires_at.saturating_sub(SystemClock.unix_millis());
+            let retry = self.timing.retry_after_refusal(
+                ends_in_ms,
                 Duration::from_nanos(since_sent),
-            )
+                self.refusals_past_their_end,
+            );
+            self.refusals_past_their_end = match ends_in_ms {
+                ..=0 => self.refusals_past_their_end.saturating_add(1),
+                _ => 0,
+            };
+            retry
         }
     }
 
@@ -478,6 +489,17 @@ impl LeaseWorker {
             })
         ) {
             self.keep_ceiling(None);
+        }
+        if !matches!(
+            answer,
+            Ok(Answer {
+                verdict: Verdict::HeldByOther { .. }
+                    | Verdict::Unsettled { .. }
+                    | Verdict::Fenced { .. },
+                ..
+            })
+        ) {
+            self.refusals_past_their_end = 0;
         }
         if answer.is_ok() {
             self.inherited = None;

@@ -43,14 +43,20 @@ impl Timing {
     /// How soon after sending a claim to claim again, the claim refused until an end the
     /// registry gave, `ends_in_ms` from when its answer came on this server's clock (another
     /// server's lease running out, or the registry's epoch), `since_sent` after the sending: just
-    /// after that end where it comes before the regular retry. An end this clock has already passed
-    /// (the registry's clock behind this one) waits the regular retry, so that clocks apart never
-    /// make the worker claim in a loop.
-    pub fn retry_after_refusal(&self, ends_in_ms: i64, since_sent: Duration) -> Duration {
+    /// after that end where it comes before the regular retry. `passed` counts the refusals in a
+    /// row before this one whose end this clock had already passed: a registry's clock behind this
+    /// one, or rounded (etcd's, to the second). Then again soon, and each time twice as late up to
+    /// the regular retry, so that clocks apart cost a few claims and never a loop.
+    pub fn retry_after_refusal(
+        &self,
+        ends_in_ms: i64,
+        since_sent: Duration,
+        passed: u32,
+    ) -> Duration {
         let regular = self.retry_every();
         match u64::try_from(ends_in_ms) {
             Ok(ms) if ms > 0 => regular.min(since_sent + Duration::from_millis(ms) + AFTER_THE_END),
-            _ => regular,
+            _ => regular.min(AFTER_THE_END * 2u32.saturating_pow(passed.saturating_add(1))),
         }
     }
 
@@ -97,35 +103,41 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_that_ends_before_the_next_retry_is_claimed_again_just_after_its_end() {
+    fn a_refused_claim_is_sent_again_just_after_its_end_or_backs_off_where_the_end_passed() {
         let timing = Timing {
             ttl: Duration::from_secs(6),
         };
         let sent = Duration::from_millis(40);
         assert_eq!(
-            timing.retry_after_refusal(300, sent),
+            timing.retry_after_refusal(300, sent, 0),
             Duration::from_millis(350)
         );
         assert_eq!(
-            timing.retry_after_refusal(1, sent),
+            timing.retry_after_refusal(1, sent, 3),
             Duration::from_millis(51)
         );
         assert_eq!(
-            timing.retry_after_refusal(950, sent),
+            timing.retry_after_refusal(950, sent, 0),
             Duration::from_secs(1)
         );
         assert_eq!(
-            timing.retry_after_refusal(5_000, sent),
+            timing.retry_after_refusal(5_000, sent, 0),
             Duration::from_secs(1)
         );
         // Already over on this server's clock: the registry's reads behind it.
-        assert_eq!(timing.retry_after_refusal(0, sent), Duration::from_secs(1));
+        let backing_off: Vec<Duration> = (0..8)
+            .map(|passed| timing.retry_after_refusal(0, sent, passed))
+            .collect();
         assert_eq!(
-            timing.retry_after_refusal(-400, sent),
-            Duration::from_secs(1)
+            backing_off,
+            [20, 40, 80, 160, 320, 640, 1000, 1000].map(Duration::from_millis)
         );
         assert_eq!(
-            timing.retry_after_refusal(i64::MIN, sent),
+            timing.retry_after_refusal(-400, sent, 0),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            timing.retry_after_refusal(i64::MIN, sent, u32::MAX),
             Duration::from_secs(1)
         );
     }

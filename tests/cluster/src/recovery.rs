@@ -323,11 +323,12 @@ pub fn costs(trial: &Trial, calls: &[Call], lease_ttl: Duration) -> Vec<Cost> {
 /// shorter than the margin stops nothing; a longer one is answered by one claim's round trip,
 /// which nothing here makes longer than a few milliseconds); after a node's crash, the time its
 /// server took to answer a call at all (`first_answer_us`), as PostgreSQL's own start costs that.
-/// A registry that came back as a new run of its server (a crash restart, a standby promoted)
-/// cannot tell its history from a restored one's, so where the node's lease, as the registry
-/// recorded it, ran out before the new run answered, the node waits until every lease the
-/// registry may have lost ran out too: a lease after the new run began answering (at the fault's
-/// end after a crash, at its start after a failover; `docs/protocol.md`, rule *epoch*).
+/// A registry that came back as a new run of its server after a crash cannot tell its history
+/// from a restored one's, so where the node's lease, as the registry recorded it, ran out before
+/// the new run answered, the node waits until every lease the registry may have lost ran out
+/// too: a lease after the new run began answering, at the fault's end (`docs/protocol.md`, "What
+/// a fault costs at least"). After a failover the standby, promoted at the fault's start, answers
+/// before any lease it records runs out: a round trip.
 pub fn minimum(
     trial: &Trial,
     margin: Duration,
@@ -336,19 +337,11 @@ pub fn minimum(
 ) -> Duration {
     // The registry's row runs the stop margin, a sixth of the lease, past the node's own deadline.
     let recorded_until_us = trial.started_us + (margin + lease_ttl / 6).as_micros() as i64;
-    let epoch_from = |answering_us: i64| {
-        if recorded_until_us > answering_us {
-            Duration::ZERO
-        } else {
-            micros(answering_us + lease_ttl.as_micros() as i64 - trial.ended_us)
-        }
-    };
     match trial.fault {
         Fault::Crash => first_answer_us.map_or(Duration::ZERO, |answer_us| {
             micros(answer_us - trial.ended_us)
         }),
-        Fault::RegistryPrimaryCrash => epoch_from(trial.ended_us),
-        Fault::RegistryFailover => epoch_from(trial.started_us),
+        Fault::RegistryPrimaryCrash if recorded_until_us <= trial.ended_us => lease_ttl,
         _ => Duration::ZERO,
     }
 }
