@@ -396,7 +396,9 @@ impl LeaseWorker {
     /// Acts on a refused claim of `worker_id` (`None`: of any one): the lease is another server's
     /// until `expires_at`, or, `unsettled`, may be one the registry lost until then. Says when to
     /// claim again, counted from `sent_ns`, when the claim was sent: just after `expires_at` where
-    /// that comes first.
+    /// that comes first, sooner where it has passed (see `Timing::retry_after_refusal`). The lease
+    /// table on this server, whose refusals a handover ends, and a row released by a copy keep
+    /// the regular retry.
     fn refused(
         &mut self,
         sent_ns: u64,
