@@ -108,22 +108,16 @@ mod tests {
             ttl: Duration::from_secs(6),
         };
         let sent = Duration::from_millis(40);
-        assert_eq!(
-            timing.retry_after_refusal(300, sent, 0),
-            Duration::from_millis(350)
-        );
-        assert_eq!(
-            timing.retry_after_refusal(1, sent, 3),
-            Duration::from_millis(51)
-        );
-        assert_eq!(
-            timing.retry_after_refusal(950, sent, 0),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            timing.retry_after_refusal(5_000, sent, 0),
-            Duration::from_secs(1)
-        );
+        // (ends in ms, refusals before it past their end, claim again after ms)
+        for (ends_in_ms, passed, expected_ms) in
+            [(300, 0, 350), (1, 3, 51), (950, 0, 1000), (5_000, 0, 1000)]
+        {
+            assert_eq!(
+                timing.retry_after_refusal(ends_in_ms, sent, passed),
+                Duration::from_millis(expected_ms),
+                "ends in {ends_in_ms} ms"
+            );
+        }
         // Already over on this server's clock: the registry's reads behind it.
         let backing_off: Vec<Duration> = (0..8)
             .map(|passed| timing.retry_after_refusal(0, sent, passed))
