@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benches/recovery.sh --registry postgres|etcd [--lease-ttl S] [--kinds K,...] [--ratios R,...]
+# benches/recovery.sh --registry postgres|etcd|server [--lease-ttl S] [--kinds K,...] [--ratios R,...]
 #                     [--positions after,before] [--trials N] [--report DIR] [--no-install]
 #
 # What one fault costs: the fault schedule's fleet (four nodes and their registry, each on a test
@@ -8,13 +8,15 @@
 # a renewal (see tests/cluster/src/recovery.rs for what is measured and what the minimum is).
 # Kinds: worker-stall node-crash node-pause partition clock-back-little clock-back-lot, and
 # registry-crash registry-pause registry-failover row-deleted (postgres) or etcd-leader-kill
-# etcd-leader-pause etcd-member-cut (etcd); all of the registry's by default. Ratios 0.5,0.9,1.1,2,4,
-# both positions and 10 trials each by default, at snowid.lease_ttl 6. Writes recovery.md,
-# trials.tsv, availability.tsv and availability.png into DIR (by default
-# benches/results/recovery/REGISTRY-ttlS). Runs against PostgreSQL PG_MAJOR (15 by default), into
-# which it installs snowid unless --no-install says that is done. Needs root, for the namespaces.
+# etcd-leader-pause etcd-member-cut (etcd); with server, each node's lease table on its own server,
+# the node's kinds but partition, and row-deleted from that table. Every kind the mode has by
+# default. Ratios 0.5,0.9,1.1,2,4, both positions and 10 trials each by default, at
+# snowid.lease_ttl 6. Writes recovery.md, trials.tsv, availability.tsv and availability.png into
+# DIR (by default benches/results/recovery/REGISTRY-ttlS). Runs against PostgreSQL PG_MAJOR (15 by
+# default), into which it installs snowid unless --no-install says that is done. Needs root, for
+# the namespaces.
 set -euo pipefail
-usage="usage: benches/recovery.sh --registry postgres|etcd [--lease-ttl S] [--kinds K,...] [--ratios R,...] [--positions after,before] [--trials N] [--report DIR] [--no-install]"
+usage="usage: benches/recovery.sh --registry postgres|etcd|server [--lease-ttl S] [--kinds K,...] [--ratios R,...] [--positions after,before] [--trials N] [--report DIR] [--no-install]"
 install=true
 args=()
 report=

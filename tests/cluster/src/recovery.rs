@@ -177,14 +177,16 @@ fn strike(
     }
     let margin = Duration::from_secs_f64(left());
     let lasts = margin.mul_f64(ratio);
-    let registry_fault = !matches!(
-        fault,
-        Fault::PauseLeaseWorker
-            | Fault::Crash
-            | Fault::PauseNode
-            | Fault::PartitionFromRegistry
-            | Fault::ClockBack { .. }
-    );
+    // With the lease table on each server, a row deleted by hand is the struck node's.
+    let registry_fault = options.registry != Registry::OnTheServer
+        && !matches!(
+            fault,
+            Fault::PauseLeaseWorker
+                | Fault::Crash
+                | Fault::PauseNode
+                | Fault::PartitionFromRegistry
+                | Fault::ClockBack { .. }
+        );
     let nodes = if registry_fault {
         OWN_WORKER_IDS.to_vec()
     } else {
@@ -398,10 +400,13 @@ pub fn write(dir: &Path, options: &Options, machine: &str, trials: &[Trial], cal
     let mut rows = String::from(
         "kind\tposition\tratio\tmargin_s\tlasts_s\tnode\tstopped_after_s\tfirst_id_after_end_s\tminimum_s\tlongest_call_s\trefused\tunavailable\n",
     );
+    let leases = match options.registry {
+        Registry::OnTheServer => "the lease table on each server".to_string(),
+        registry => format!("registry {}", registry.name()),
+    };
     writeln!(
         table,
-        "# What one fault costs: registry {}, `snowid.lease_ttl` {} s\n\n{machine}\n",
-        options.registry.name(),
+        "# What one fault costs: {leases}, `snowid.lease_ttl` {} s\n\n{machine}\n",
         options.lease_ttl_s
     )
     .unwrap();

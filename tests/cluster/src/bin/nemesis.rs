@@ -43,6 +43,7 @@ fn main() {
             "--registry" => {
                 registry = Some(
                     Registry::named(&value)
+                        .filter(|registry| *registry != Registry::OnTheServer)
                         .unwrap_or_else(|| fail("--registry is postgres or etcd")),
                 )
             }

@@ -1,4 +1,4 @@
-//! `recovery --registry postgres|etcd [--lease-ttl S] [--kinds K,...] [--ratios R,...]
+//! `recovery --registry postgres|etcd|server [--lease-ttl S] [--kinds K,...] [--ratios R,...]
 //! [--positions after,before] [--trials N] --report DIR`: the single-fault benchmark (see
 //! `snowid_cluster_tests::recovery`) against the installed snowid; writes `recovery.md`,
 //! `trials.tsv` and `availability.tsv` into DIR. Needs root, for the network namespaces;
@@ -8,7 +8,8 @@ use snowid_cluster_tests::nemesis::schedule::Registry;
 use snowid_cluster_tests::recovery::{self, Options, Position, KINDS};
 use std::path::PathBuf;
 
-const USAGE: &str = "usage: recovery --registry postgres|etcd [--lease-ttl S] [--kinds K,...] \
+const USAGE: &str =
+    "usage: recovery --registry postgres|etcd|server [--lease-ttl S] [--kinds K,...] \
                      [--ratios R,...] [--positions after,before] [--trials N] --report DIR";
 
 fn main() {
@@ -29,7 +30,7 @@ fn main() {
             "--registry" => {
                 registry = Some(
                     Registry::named(&value)
-                        .unwrap_or_else(|| fail("--registry is postgres or etcd")),
+                        .unwrap_or_else(|| fail("--registry is postgres, etcd or server")),
                 )
             }
             "--lease-ttl" => {
@@ -87,23 +88,21 @@ fn main() {
     }
     let registry = registry.unwrap_or_else(|| fail("--registry is needed"));
     let report = report.unwrap_or_else(|| fail("--report is needed"));
-    let etcd = |fault: &&(&str, _)| fault.0.starts_with("etcd-");
-    let registry_only =
-        |fault: &&(&str, _)| fault.0.starts_with("registry-") || fault.0 == "row-deleted";
+    let strikes = |(kind, _): &(&str, _)| match registry {
+        Registry::Postgres => !kind.starts_with("etcd-"),
+        Registry::Etcd => !kind.starts_with("registry-") && *kind != "row-deleted",
+        Registry::OnTheServer => {
+            !kind.starts_with("etcd-") && !kind.starts_with("registry-") && *kind != "partition"
+        }
+    };
     let kinds = kinds.unwrap_or_else(|| {
         KINDS
             .iter()
-            .filter(|fault| match registry {
-                Registry::Postgres => !etcd(fault),
-                Registry::Etcd => !registry_only(fault),
-            })
+            .filter(|fault| strikes(fault))
             .copied()
             .collect()
     });
-    if let Some(other) = kinds.iter().find(|fault| match registry {
-        Registry::Postgres => etcd(fault),
-        Registry::Etcd => registry_only(fault),
-    }) {
+    if let Some(other) = kinds.iter().find(|fault| !strikes(fault)) {
         fail(&format!(
             "{} is no fault of a {} registry",
             other.0,

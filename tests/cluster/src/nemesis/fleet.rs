@@ -38,6 +38,7 @@ pub struct PostgresRegistry {
 pub enum RegistryServers {
     Postgres(Box<Mutex<PostgresRegistry>>),
     Etcd(Box<Mutex<EtcdCluster>>),
+    OnTheServer,
 }
 
 pub struct Fleet {
@@ -51,36 +52,45 @@ pub struct Fleet {
 
 impl Fleet {
     /// The registry started, then the nodes, with `snowid.lease_ttl = lease_ttl_s`; each but n4
-    /// holding its lease.
+    /// holding its lease. With the lease table on each server, which sees no other node, n4 has
+    /// worker id 4 and holds it too.
     pub fn start(registry: Registry, lease_ttl_s: u32) -> Fleet {
         let mut network = Network::create();
         let dir = network.directory();
         std::fs::create_dir_all(&dir).unwrap();
+        let shared = registry != Registry::OnTheServer;
         let (registry, registry_hosts, setting) = match registry {
             Registry::Postgres => start_postgres_registry(&mut network, &dir),
             Registry::Etcd => start_etcd_registry(&mut network, &dir),
+            Registry::OnTheServer => (RegistryServers::OnTheServer, vec![], String::new()),
         };
         let nodes = (0..NODES)
             .map(|index| {
                 let host = network.add_host(&node_name(index), index as u8 + 1);
-                let worker_id = WORKER_IDS[index];
-                let settings = [
+                let worker_id = if shared {
+                    WORKER_IDS[index]
+                } else {
+                    index as u16 + 1
+                };
+                let mut settings = vec![
                     "shared_preload_libraries = 'snowid'".to_string(),
                     format!("cluster_name = '{}'", node_name(index)),
                     format!("snowid.worker_id = {worker_id}"),
-                    format!("snowid.registry = '{setting}'"),
                     format!("snowid.lease_ttl = {lease_ttl_s}"),
                     format!("snowid.max_clock_backward = {MAX_CLOCK_BACKWARD_MS}"),
                     // The log check reads PostgreSQL's own messages, in English.
                     "lc_messages = 'C'".to_string(),
                 ];
+                if shared {
+                    settings.push(format!("snowid.registry = '{setting}'"));
+                }
                 let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
                 let cluster =
                     Cluster::start_on_host(&host, &dir, &node_name(index), &settings, true);
                 let mut client = cluster.connect();
                 client.batch_execute("CREATE EXTENSION snowid").unwrap();
                 // n4 starts while n1 holds their worker id.
-                if !WORKER_IDS[..index].contains(&worker_id) {
+                if !shared || !WORKER_IDS[..index].contains(&worker_id) {
                     let state = wait_for_lease_state(&mut client, "held", Duration::from_secs(30));
                     assert_eq!(state, "held", "{} holds its lease", node_name(index));
                 }
@@ -108,6 +118,7 @@ impl Fleet {
             None => match &self.registry {
                 RegistryServers::Postgres(registry) => lock(registry).inflict(fault, lasts),
                 RegistryServers::Etcd(etcd) => inflict_on_etcd(etcd, fault, lasts),
+                RegistryServers::OnTheServer => unreachable!("no registry to strike"),
             },
         }
     }
@@ -160,6 +171,8 @@ impl Fleet {
                 std::thread::sleep(lasts);
                 network::heal(&node.host);
             }
+            // The lease table on the node's own server.
+            Fault::RegistryRowDeleted { worker_id } => return delete_lease_row(cluster, worker_id),
             other => unreachable!("{other} is not a node's fault"),
         }
         String::new()
@@ -199,6 +212,7 @@ impl Fleet {
                     logs.push((member.name.clone(), text));
                 }
             }
+            RegistryServers::OnTheServer => {}
         }
         logs
     }
@@ -310,16 +324,10 @@ impl PostgresRegistry {
                 return format!("{note}, then registry-{}", standby + 1);
             }
             Fault::RegistryRowDeleted { worker_id } => {
-                let deleted = self.servers[primary].try_connect().and_then(|mut client| {
-                    client.execute(
-                        "DELETE FROM snowid.worker_lease WHERE worker_id = $1",
-                        &[&i32::from(worker_id)],
-                    )
-                });
-                return match deleted {
-                    Ok(rows) => format!("{note}, {rows} row deleted"),
-                    Err(error) => format!("{note}, nothing deleted: {error}"),
-                };
+                return format!(
+                    "{note}, {}",
+                    delete_lease_row(&self.servers[primary], worker_id)
+                );
             }
             other => unreachable!("{other} is not a PostgreSQL registry's fault"),
         }
@@ -375,6 +383,20 @@ fn inflict_on_etcd(etcd: &Mutex<EtcdCluster>, fault: Fault, lasts: Duration) -> 
         other => unreachable!("{other} is not an etcd registry's fault"),
     };
     format!("e{} ({named})", struck + 1)
+}
+
+/// Deletes the lease row of `worker_id` from `server`'s lease table, as by hand; says how many.
+fn delete_lease_row(server: &Cluster, worker_id: u16) -> String {
+    let deleted = server.try_connect().and_then(|mut client| {
+        client.execute(
+            "DELETE FROM snowid.worker_lease WHERE worker_id = $1",
+            &[&i32::from(worker_id)],
+        )
+    });
+    match deleted {
+        Ok(rows) => format!("{rows} row deleted"),
+        Err(error) => format!("nothing deleted: {error}"),
+    }
 }
 
 /// The member that leads, asked for up to 10 s: a member started again a moment ago may not

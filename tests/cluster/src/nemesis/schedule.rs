@@ -18,6 +18,9 @@ pub enum Registry {
     Postgres,
     /// Three etcd members, on three hosts.
     Etcd,
+    /// No registry: each node leases its worker id from the lease table on its own server (the
+    /// single-fault benchmark only; the fault schedule strikes a shared registry).
+    OnTheServer,
 }
 
 impl Registry {
@@ -34,12 +37,13 @@ impl Registry {
         match self {
             Registry::Postgres => "postgres",
             Registry::Etcd => "etcd",
+            Registry::OnTheServer => "server",
         }
     }
 
     /// The registry `name` names, as the command lines spell it (see [`Registry::name`]).
     pub fn named(name: &str) -> Option<Registry> {
-        [Registry::Postgres, Registry::Etcd]
+        [Registry::Postgres, Registry::Etcd, Registry::OnTheServer]
             .into_iter()
             .find(|registry| registry.name() == name)
     }
@@ -272,6 +276,9 @@ fn draw(rng: &mut ChaCha8Rng, channel: Channel, registry: Registry) -> (Fault, D
                 member: rng.random_range(0..3),
             },
             (Registry::Etcd, _) => Fault::EtcdSnapshotRestore,
+            (Registry::OnTheServer, _) => {
+                unreachable!("the fault schedule runs with a shared registry")
+            }
         },
     };
     let lasts = match fault {
