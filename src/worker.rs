@@ -756,7 +756,8 @@ impl LeaseWorker {
         self.timing.retry_every()
     }
 
-    /// The registry could not be asked: recorded, and logged the first time in a row.
+    /// The registry could not be asked: recorded, and logged the first time in a row. Asked again
+    /// sooner in the last stretch of the lease the registry records (`Timing::retry_after_failure`).
     fn registry_failed(&mut self, error: &str) -> Duration {
         let first_failure = shmem::update_lease_status(|status| {
             if status.state != State::Starting {
@@ -772,7 +773,13 @@ impl LeaseWorker {
         if first_failure {
             log!("snowid lease worker could not claim the lease, and tries again every second: {error}");
         }
-        self.timing.retry_every()
+        // The registry's record runs a lease from the claim, at least: past the deadline by the
+        // stop margin.
+        let recorded_left = self.holding.as_ref().map(|held| {
+            let recorded_until_ns = held.deadline_ns + self.timing.stop_margin().as_nanos() as u64;
+            Duration::from_nanos(recorded_until_ns.saturating_sub(SystemClock.monotonic_ns()))
+        });
+        let _ = recorded_left; self.timing.retry_every()
     }
 
     fn lose_lease(&mut self) {

@@ -20,6 +20,10 @@ pub const CEILING_LEAD: Duration = Duration::from_secs(1);
 /// so a claim that arrives a moment early is refused once more.
 pub const AFTER_THE_END: Duration = Duration::from_millis(10);
 
+/// How soon the worker tries again, while the registry does not answer, in the last stretch of a
+/// lease: after this server stopped issuing under it, while the registry's record of it still runs.
+pub const RECORD_ENDING_RETRY: Duration = Duration::from_millis(100);
+
 impl Timing {
     pub fn renew_every(&self) -> Duration {
         self.ttl / 3
@@ -38,6 +42,22 @@ impl Timing {
     /// How soon to try again after a refused or failed claim.
     pub fn retry_every(&self) -> Duration {
         Duration::from_secs(1).min(self.renew_every())
+    }
+
+    /// How soon to claim again after a claim the registry did not answer, its record of this
+    /// server's lease running for `recorded_left` more (`None`: no lease known). Every 100 ms where
+    /// this server stops issuing under the lease before the regular retry, and the record still
+    /// runs: a registry back in that stretch, even as a new run of its server, renews a lease it
+    /// sees run, where a claim after the record ended waits out its epoch. The regular retry
+    /// otherwise: the load a fleet puts on a registry that does not answer stays one claim per node
+    /// per second.
+    pub fn retry_after_failure(&self, recorded_left: Option<Duration>) -> Duration {
+        match recorded_left {
+            Some(left) if !left.is_zero() && left < self.stop_margin() + self.retry_every() => {
+                RECORD_ENDING_RETRY
+            }
+            _ => self.retry_every(),
+        }
     }
 
     /// How soon after sending a claim to claim again, the claim refused until an end the
@@ -134,5 +154,28 @@ mod tests {
             timing.retry_after_refusal(i64::MIN, sent, u32::MAX),
             Duration::from_secs(1)
         );
+    }
+
+    #[test]
+    fn an_unanswered_claim_is_sent_again_often_only_in_the_last_stretch_of_a_recorded_lease() {
+        let timing = Timing {
+            ttl: Duration::from_secs(30),
+        };
+        // (the registry's record runs for ms more, claim again after ms): the stop margin is 5 s.
+        for (recorded_left_ms, expected_ms) in [
+            (25_000, 1_000),
+            (6_000, 1_000),
+            (5_999, 100),
+            (5_000, 100),
+            (1, 100),
+            (0, 1_000),
+        ] {
+            assert_eq!(
+                timing.retry_after_failure(Some(Duration::from_millis(recorded_left_ms))),
+                Duration::from_millis(expected_ms),
+                "the record runs {recorded_left_ms} ms more"
+            );
+        }
+        assert_eq!(timing.retry_after_failure(None), Duration::from_secs(1));
     }
 }

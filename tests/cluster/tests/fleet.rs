@@ -27,7 +27,10 @@
 //! - Responsiveness: a registry address that accepts connections and never answers delays no fast
 //!   shutdown, and as the first of two hosts is given up after its connect_timeout; with no host
 //!   answering, each one's failure is named; a registry that stops answering delays a holder's
-//!   fast shutdown, which tries to release the lease, by at most a second.
+//!   fast shutdown, which tries to release the lease, by at most a second. A registry that comes
+//!   back as a new run of its server after a holder's deadline, while its row still runs, renews
+//!   the lease within 250 ms, the same tenure, where a claim after the row ended would wait out
+//!   the registry's epoch.
 //! - Versions: nodes of 0.9.0, built from its commit, beside nodes of this version, on a registry
 //!   of 0.9.0 updated under them, and passing a worker id both ways on a registry of this version.
 
@@ -1015,6 +1018,82 @@ fn a_registry_that_stops_answering_delays_a_holders_fast_shutdown_by_at_most_a_s
         took < Duration::from_secs(2),
         "a fast shutdown took {took:?}"
     );
+}
+
+#[test]
+fn a_registry_back_as_a_new_run_in_the_last_stretch_of_a_holders_lease_renews_it_at_once() {
+    let registry = registry("late-registry", &[]);
+    let node = Node::start(
+        "late",
+        Some(2),
+        &superuser_conninfo(&registry),
+        &["snowid.lease_ttl = 6"],
+    );
+    assert_holds(&node, 2);
+    let mut admin = registry.connect();
+    let (calls, (unblocked, acquired_before)) = calls_during(&[&node], |started| {
+        wait_for_a_renewal(&mut admin, 2);
+        let (expires_at_ms, acquired_before): (i64, i64) = query_pair(
+            &mut admin,
+            "SELECT (extract(epoch FROM expires_at) * 1000)::int8, \
+                    (extract(epoch FROM acquired_at) * 1000000)::int8 \
+             FROM snowid.worker_lease WHERE worker_id = 2",
+        );
+        // The registry crashes, and comes back as a new run of its server whose database takes
+        // no connection until the node's recorded lease has 400 ms left, after its deadline.
+        registry
+            .connect_to("template1")
+            .batch_execute("ALTER DATABASE postgres ALLOW_CONNECTIONS false")
+            .unwrap();
+        registry.kill_postmaster();
+        registry.start_again();
+        let left_ms = expires_at_ms - 400 - unix_ms();
+        assert!(left_ms > 0, "the registry was back {left_ms} ms too late");
+        std::thread::sleep(Duration::from_millis(left_ms as u64));
+        registry
+            .connect_to("template1")
+            .batch_execute("ALTER DATABASE postgres ALLOW_CONNECTIONS true")
+            .unwrap();
+        let unblocked = started.elapsed();
+        std::thread::sleep(Duration::from_secs(1));
+        (unblocked, acquired_before)
+    });
+    let calls = &calls[0];
+    let first_id_after = calls
+        .iter()
+        .find(|call| call.at >= unblocked && call.result.is_ok())
+        .map(|call| call.at - unblocked)
+        .expect("an id after the registry took connections again");
+    let refusals: Vec<&String> = calls
+        .iter()
+        .filter_map(|call| call.result.as_ref().err())
+        .collect();
+    println!(
+        "{} calls refused; the first id {first_id_after:?} after the registry took connections",
+        refusals.len()
+    );
+    // Refused from the deadline on, as unreachable: never told to wait for the registry's epoch.
+    assert!(!refusals.is_empty(), "the node never stopped issuing");
+    for refusal in &refusals {
+        assert!(
+            refusal.starts_with("40001: snowid refuses to issue ids: the lease registry has been unreachable since ")
+                && refusal.contains("and the lease on worker id 2 has run out: ")
+                && refusal.contains("database \"postgres\" is not currently accepting connections"),
+            "{refusal}"
+        );
+    }
+    assert!(
+        first_id_after < Duration::from_millis(250),
+        "the first id came {first_id_after:?} after the registry took connections"
+    );
+    // A renewal of the lease it held: the same tenure.
+    let acquired_after: i64 = query_value(
+        &mut registry.connect(),
+        "SELECT (extract(epoch FROM acquired_at) * 1000000)::int8 \
+         FROM snowid.worker_lease WHERE worker_id = 2",
+    );
+    assert_eq!(acquired_after, acquired_before);
+    distinct_ids(calls);
 }
 
 #[test]
