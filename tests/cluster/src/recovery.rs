@@ -89,6 +89,9 @@ pub struct Trial {
     pub nodes: Vec<usize>,
     /// Each measured node's lease margin when the fault began, in the order of `nodes`.
     pub margins: Vec<Duration>,
+    /// After a PostgreSQL registry's fault: when it could commit a claim again, its synchronous
+    /// standby streaming (microseconds since 1970).
+    pub registry_commits_us: Option<i64>,
 }
 
 /// What one trial cost one node.
@@ -226,6 +229,10 @@ fn strike(
             fleet.inflict(Some(STRUCK), fault, lasts);
         }
     }
+    let ended_us = unix_us();
+    let registry_commits_us = registry_fault
+        .then(|| fleet.wait_until_the_registry_commits(RECOVERY_LIMIT))
+        .flatten();
     Trial {
         kind,
         fault,
@@ -233,9 +240,10 @@ fn strike(
         ratio,
         margin,
         started_us,
-        ended_us: unix_us(),
+        ended_us,
         nodes,
         margins,
+        registry_commits_us,
     }
 }
 
@@ -330,21 +338,32 @@ pub fn costs(trial: &Trial, calls: &[Call], lease_ttl: Duration) -> Vec<Cost> {
 /// the new run answered, the node waits until every lease the registry may have lost ran out
 /// too: a lease after the new run began answering, at the fault's end (`docs/protocol.md`, "What
 /// a fault costs at least"). After a failover the standby, promoted at the fault's start, answers
-/// before any lease it records runs out: a round trip.
+/// before any lease it records runs out: a round trip. A PostgreSQL registry commits no claim
+/// until its synchronous standby streams again, which a node whose deadline passed first waits
+/// for too.
 pub fn minimum(
     trial: &Trial,
     margin: Duration,
     first_answer_us: Option<i64>,
     lease_ttl: Duration,
 ) -> Duration {
+    let deadline_us = trial.started_us + margin.as_micros() as i64;
     // The registry's row runs the stop margin, a sixth of the lease, past the node's own deadline.
-    let recorded_until_us = trial.started_us + (margin + lease_ttl / 6).as_micros() as i64;
+    let recorded_until_us = deadline_us + (lease_ttl / 6).as_micros() as i64;
+    let commits_after = trial
+        .registry_commits_us
+        .filter(|&commits_us| commits_us > deadline_us)
+        .map_or(Duration::ZERO, |commits_us| {
+            micros(commits_us - trial.ended_us)
+        });
     match trial.fault {
         Fault::Crash => first_answer_us.map_or(Duration::ZERO, |answer_us| {
             micros(answer_us - trial.ended_us)
         }),
-        Fault::RegistryPrimaryCrash if recorded_until_us <= trial.ended_us => lease_ttl,
-        _ => Duration::ZERO,
+        Fault::RegistryPrimaryCrash if recorded_until_us <= trial.ended_us => {
+            lease_ttl.max(commits_after)
+        }
+        _ => commits_after,
     }
 }
 
@@ -398,7 +417,7 @@ pub fn write(dir: &Path, options: &Options, machine: &str, trials: &[Trial], cal
     std::fs::create_dir_all(dir).unwrap();
     let mut table = String::new();
     let mut rows = String::from(
-        "kind\tposition\tratio\tmargin_s\tlasts_s\tnode\tstopped_after_s\tfirst_id_after_end_s\tminimum_s\tlongest_call_s\trefused\tunavailable\n",
+        "kind\tposition\tratio\tmargin_s\tlasts_s\tregistry_commits_after_s\tnode\tstopped_after_s\tfirst_id_after_end_s\tminimum_s\tlongest_call_s\trefused\tunavailable\n",
     );
     let leases = match options.registry {
         Registry::OnTheServer => "the lease table on each server".to_string(),
@@ -456,12 +475,17 @@ pub fn write(dir: &Path, options: &Options, machine: &str, trials: &[Trial], cal
                 };
                 writeln!(
                     rows,
-                    "{}\t{}\t{}\t{:.3}\t{:.3}\t{}\t{}\t{}\t{:.3}\t{:.3}\t{}\t{}",
+                    "{}\t{}\t{}\t{:.3}\t{:.3}\t{}\t{}\t{}\t{}\t{:.3}\t{:.3}\t{}\t{}",
                     trial.kind,
                     trial.position.name(),
                     trial.ratio,
                     trial.margin.as_secs_f64(),
                     (trial.ended_us - trial.started_us) as f64 / 1e6,
+                    seconds(
+                        trial
+                            .registry_commits_us
+                            .map(|us| micros(us - trial.ended_us))
+                    ),
                     cost.node + 1,
                     seconds(cost.stopped_after),
                     seconds(cost.first_id_after_end),

@@ -123,6 +123,33 @@ impl Fleet {
         }
     }
 
+    /// With a PostgreSQL registry: waits up to `limit` for its primary to have a synchronous
+    /// standby streaming, without which it commits no claim (a standby connects again to a
+    /// restarted primary only after its `wal_retrieve_retry_interval`), and says when that was, in
+    /// microseconds since 1970. `None` with etcd or no registry, or when the limit passed.
+    pub fn wait_until_the_registry_commits(&self, limit: Duration) -> Option<i64> {
+        let RegistryServers::Postgres(registry) = &self.registry else {
+            return None;
+        };
+        let registry = lock(registry);
+        let primary = &registry.servers[registry.primary];
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            let streaming = primary.try_connect().and_then(|mut client| {
+                client.query_one(
+                    "SELECT count(*) FROM pg_stat_replication \
+                     WHERE sync_state = 'sync' AND state = 'streaming'",
+                    &[],
+                )
+            });
+            if streaming.is_ok_and(|row| row.get::<_, i64>(0) > 0) {
+                return Some(crate::ids::unix_us());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
     fn inflict_on_node(&self, node: &Node, fault: Fault, lasts: Duration) -> String {
         let cluster = &node.cluster;
         match fault {
