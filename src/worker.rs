@@ -779,7 +779,7 @@ impl LeaseWorker {
             let recorded_until_ns = held.deadline_ns + self.timing.stop_margin().as_nanos() as u64;
             Duration::from_nanos(recorded_until_ns.saturating_sub(SystemClock.monotonic_ns()))
         });
-        let _ = recorded_left; self.timing.retry_every()
+        self.timing.retry_after_failure(recorded_left)
     }
 
     fn lose_lease(&mut self) {
