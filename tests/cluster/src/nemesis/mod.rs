@@ -49,6 +49,7 @@ pub struct History {
     pub length: Duration,
     pub started_us: i64,
     pub faults_ended_us: i64,
+    /// When the applications were told to stop calling.
     pub ended_us: i64,
     pub struck: Vec<Struck>,
     pub calls: Vec<Call>,
@@ -76,7 +77,7 @@ pub fn run(options: &Options) -> bool {
     let clock_changes = Mutex::new(vec![]);
     let started = Instant::now();
     let started_us = unix_us();
-    let (calls, faults_ended_us, nemesis_failure) = std::thread::scope(|scope| {
+    let (calls, faults_ended_us, ended_us, nemesis_failure) = std::thread::scope(|scope| {
         let applications = clients::start_on(scope, &fleet, &done);
         let mut channels: Vec<Channel> = schedule.iter().map(|fault| fault.channel).collect();
         channels.sort();
@@ -136,10 +137,13 @@ pub fn run(options: &Options) -> bool {
         }
         let faults_ended_us = unix_us();
         std::thread::sleep(QUIET_END);
+        // The run ends where its calls stop, not once the last of them returned: no window after
+        // that counts as one in which a node did not issue.
+        let ended_us = unix_us();
         done.store(true, Ordering::Relaxed);
         let calls = applications.join();
         let failure = (!failures.is_empty()).then(|| failures.join("\n"));
-        (calls, faults_ended_us, failure)
+        (calls, faults_ended_us, ended_us, failure)
     });
     let mut struck = struck.into_inner().unwrap_or_else(|p| p.into_inner());
     struck.sort_by_key(|fault| fault.started_us);
@@ -150,7 +154,7 @@ pub fn run(options: &Options) -> bool {
         length: options.length,
         started_us,
         faults_ended_us,
-        ended_us: unix_us(),
+        ended_us,
         struck,
         calls,
         clock_changes: clock_changes
