@@ -26,6 +26,13 @@ const RECOVERY_LIMIT: Duration = Duration::from_secs(120);
 /// The width of the windows availability is counted in.
 pub const WINDOW_US: i64 = 100_000;
 
+/// How long after a fault every node is taken to have settled: a lease and 5 s. Until then what it
+/// costs counts (a renewal that meets a row deleted, say, comes after the fault); after it, the
+/// windows count as undisturbed.
+fn settled_after(lease_ttl: Duration) -> Duration {
+    lease_ttl + Duration::from_secs(5)
+}
+
 /// A fault the benchmark strikes, by the name its options give it.
 pub const KINDS: [(&str, Fault); 13] = [
     ("worker-stall", Fault::PauseLeaseWorker),
@@ -94,7 +101,8 @@ pub struct Trial {
     pub registry_commits_us: Option<i64>,
 }
 
-/// What one trial cost one node.
+/// What one trial cost one node, counted from the fault's start until a lease and 5 s after its end
+/// (or until its first id after the end, where that comes later).
 #[derive(Clone, Debug)]
 pub struct Cost {
     pub node: usize,
@@ -104,7 +112,7 @@ pub struct Cost {
     pub first_id_after_end: Option<Duration>,
     /// The least a correct design pays there (see [`minimum`]).
     pub minimum: Duration,
-    /// The longest call the node answered, from the fault's start to its first id after the end.
+    /// The longest call the node answered.
     pub longest_call: Duration,
     /// Refused calls by their reason, as the fault schedule's checker names it.
     pub refusals: BTreeMap<String, usize>,
@@ -115,7 +123,7 @@ pub struct Cost {
 pub fn run(options: &Options) -> (Vec<Trial>, Vec<Call>) {
     let fleet = Fleet::start(options.registry, options.lease_ttl_s);
     let done = AtomicBool::new(false);
-    let quiet = Duration::from_secs(u64::from(options.lease_ttl_s) + 5);
+    let quiet = settled_after(Duration::from_secs(options.lease_ttl_s.into()));
     std::thread::scope(|scope| {
         let applications = clients::start_on(scope, &fleet, &done);
         let mut trials = vec![];
@@ -281,7 +289,8 @@ pub fn costs(trial: &Trial, calls: &[Call], lease_ttl: Duration) -> Vec<Cost> {
                 .iter()
                 .filter(|call| call.sent_us >= trial.ended_us)
                 .find(issued);
-            let until_us = first_after.map_or(i64::MAX, |call| call.answered_us);
+            let settled_us = trial.ended_us + settled_after(lease_ttl).as_micros() as i64;
+            let until_us = first_after.map_or(i64::MAX, |call| call.answered_us.max(settled_us));
             let during: Vec<&&Call> = mine
                 .iter()
                 .filter(|call| call.sent_us <= until_us)
@@ -375,7 +384,7 @@ fn micros(us: i64) -> Duration {
 /// windows that begin a lease and 5 s after the last fault ended and end before the next began:
 /// (windows issued in, windows counted).
 pub fn quiet_windows(trials: &[Trial], calls: &[Call], lease_ttl_s: u32) -> (usize, usize) {
-    let settle_us = (i64::from(lease_ttl_s) + 5) * 1_000_000;
+    let settle_us = settled_after(Duration::from_secs(lease_ttl_s.into())).as_micros() as i64;
     let (mut issued, mut counted) = (0, 0);
     for (index, trial) in trials.iter().enumerate() {
         let from_us = trial.ended_us + settle_us;
@@ -431,7 +440,7 @@ pub fn write(dir: &Path, options: &Options, machine: &str, trials: &[Trial], cal
     .unwrap();
     writeln!(
         table,
-        "Each row: {} trial(s) of one fault kind, begun {{after, before}} a renewal, lasting D = ratio × m, m the struck node's lease margin then. Nodes measured: the struck node (n2) for a node's fault, n2 and n3 for the registry's. \"stops\": trials × nodes in which a call failed; \"first id\": from the fault's end to the first id (p50 / p99 / max); \"excess p99\": p99 of (first id − minimum); \"longest\": the longest call answered.\n",
+        "Each row: {} trial(s) of one fault kind, begun {{after, before}} a renewal, lasting D = ratio × m, m the struck node's lease margin then. Nodes measured: the struck node (n2) for a node's fault, n2 and n3 for the registry's. Counted from the fault's start until a lease and 5 s after its end. \"stops\": trials × nodes in which a call failed; \"first id\": from the fault's end to the first id (p50 / p99 / max); \"excess p99\": p99 of (first id − minimum); \"longest\": the longest call answered.\n",
         options.trials
     )
     .unwrap();
