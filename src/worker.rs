@@ -757,7 +757,7 @@ impl LeaseWorker {
     }
 
     /// The registry could not be asked: recorded, and logged the first time in a row. Asked again
-    /// sooner in the last stretch of the lease the registry records (`Timing::retry_after_failure`).
+    /// sooner in the last second of the lease the registry records (`Timing::retry_after_failure`).
     fn registry_failed(&mut self, error: &str) -> Duration {
         let first_failure = shmem::update_lease_status(|status| {
             if status.state != State::Starting {
@@ -771,7 +771,7 @@ impl LeaseWorker {
             first
         });
         if first_failure {
-            log!("snowid lease worker could not claim the lease, and tries again every second: {error}");
+            log!("snowid lease worker could not claim the lease, and tries again every second (every 100 ms in the lease's last second): {error}");
         }
         // The registry's record runs a lease from the claim, at least: past the deadline by the
         // stop margin.

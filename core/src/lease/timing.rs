@@ -20,8 +20,8 @@ pub const CEILING_LEAD: Duration = Duration::from_secs(1);
 /// so a claim that arrives a moment early is refused once more.
 pub const AFTER_THE_END: Duration = Duration::from_millis(10);
 
-/// How soon the worker tries again, while the registry does not answer, in the last stretch of a
-/// lease: after this server stopped issuing under it, while the registry's record of it still runs.
+/// How soon the worker tries again, while the registry does not answer, in the last regular retry
+/// before the registry's record of its lease ends.
 pub const RECORD_ENDING_RETRY: Duration = Duration::from_millis(100);
 
 impl Timing {
@@ -45,17 +45,14 @@ impl Timing {
     }
 
     /// How soon to claim again after a claim the registry did not answer, its record of this
-    /// server's lease running for `recorded_left` more (`None`: no lease known). Every 100 ms where
-    /// this server stops issuing under the lease before the regular retry, and the record still
-    /// runs: a registry back in that stretch, even as a new run of its server, renews a lease it
-    /// sees run, where a claim after the record ended waits out its epoch. The regular retry
-    /// otherwise: the load a fleet puts on a registry that does not answer stays one claim per node
-    /// per second.
+    /// server's lease running for `recorded_left` more (`None`: no lease known). Every 100 ms in the
+    /// record's last regular retry, the regular retry otherwise: a registry back before the record
+    /// ends, even as a new run of its server, renews a lease it sees run, where a claim after it
+    /// waits out its epoch, and the regular retry finds a registry back earlier than that. At most
+    /// ten claims more for each lease a registry outlasts, whatever the lease's length.
     pub fn retry_after_failure(&self, recorded_left: Option<Duration>) -> Duration {
         match recorded_left {
-            Some(left) if !left.is_zero() && left < self.stop_margin() + self.retry_every() => {
-                RECORD_ENDING_RETRY
-            }
+            Some(left) if !left.is_zero() && left <= self.retry_every() => RECORD_ENDING_RETRY,
             _ => self.retry_every(),
         }
     }
@@ -157,16 +154,16 @@ mod tests {
     }
 
     #[test]
-    fn an_unanswered_claim_is_sent_again_often_only_in_the_last_stretch_of_a_recorded_lease() {
+    fn an_unanswered_claim_is_sent_again_often_only_in_the_last_second_of_a_recorded_lease() {
         let timing = Timing {
             ttl: Duration::from_secs(30),
         };
-        // (the registry's record runs for ms more, claim again after ms): the stop margin is 5 s.
+        // (the registry's record runs for ms more, claim again after ms)
         for (recorded_left_ms, expected_ms) in [
             (25_000, 1_000),
-            (6_000, 1_000),
-            (5_999, 100),
-            (5_000, 100),
+            (5_000, 1_000),
+            (1_001, 1_000),
+            (1_000, 100),
             (1, 100),
             (0, 1_000),
         ] {

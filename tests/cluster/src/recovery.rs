@@ -290,7 +290,7 @@ pub fn costs(trial: &Trial, calls: &[Call], lease_ttl: Duration) -> Vec<Cost> {
                 .filter(|call| call.sent_us >= trial.ended_us)
                 .find(issued);
             let settled_us = trial.ended_us + settled_after(lease_ttl).as_micros() as i64;
-            let until_us = first_after.map_or(i64::MAX, |call| call.answered_us.max(settled_us));
+            let until_us = first_after.map_or(settled_us, |call| call.answered_us.max(settled_us));
             let during: Vec<&&Call> = mine
                 .iter()
                 .filter(|call| call.sent_us <= until_us)
@@ -348,8 +348,8 @@ pub fn costs(trial: &Trial, calls: &[Call], lease_ttl: Duration) -> Vec<Cost> {
 /// too: a lease after the new run began answering, at the fault's end (`docs/protocol.md`, "What
 /// a fault costs at least"). After a failover the standby, promoted at the fault's start, answers
 /// before any lease it records runs out: a round trip. A PostgreSQL registry commits no claim
-/// until its synchronous standby streams again, which a node whose deadline passed first waits
-/// for too.
+/// until its synchronous standby streams again, which a node whose deadline passed by the fault's
+/// end waits for too.
 pub fn minimum(
     trial: &Trial,
     margin: Duration,
@@ -359,9 +359,11 @@ pub fn minimum(
     let deadline_us = trial.started_us + margin.as_micros() as i64;
     // The registry's row runs the stop margin, a sixth of the lease, past the node's own deadline.
     let recorded_until_us = deadline_us + (lease_ttl / 6).as_micros() as i64;
+    // Only where the node had stopped by the fault's end: otherwise its first id after the end
+    // comes at once, and a stop that follows counts among its refusals.
     let commits_after = trial
         .registry_commits_us
-        .filter(|&commits_us| commits_us > deadline_us)
+        .filter(|_| deadline_us <= trial.ended_us)
         .map_or(Duration::ZERO, |commits_us| {
             micros(commits_us - trial.ended_us)
         });

@@ -916,8 +916,8 @@ fn a_lock_on_the_lease_table_stalls_renewals_but_never_ends_the_worker() {
         "the same worker throughout"
     );
     assert!(cluster.log().contains(
-        "LOG:  snowid lease worker could not claim the lease, and tries again every second: \
-         canceling statement due to lock timeout"
+        "LOG:  snowid lease worker could not claim the lease, and tries again every second \
+         (every 100 ms in the lease's last second): canceling statement due to lock timeout"
     ));
     ids.assert_unique_and_increasing();
 }

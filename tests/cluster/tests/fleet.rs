@@ -28,9 +28,9 @@
 //!   shutdown, and as the first of two hosts is given up after its connect_timeout; with no host
 //!   answering, each one's failure is named; a registry that stops answering delays a holder's
 //!   fast shutdown, which tries to release the lease, by at most a second. A registry that comes
-//!   back as a new run of its server after a holder's deadline, while its row still runs, renews
-//!   the lease within 250 ms, the same tenure, where a claim after the row ended would wait out
-//!   the registry's epoch.
+//!   back as a new run of its server in the last second of a holder's row, after its deadline,
+//!   renews the lease within 250 ms, the same tenure, where a claim after the row ended would wait
+//!   out the registry's epoch.
 //! - Versions: nodes of 0.9.0, built from its commit, beside nodes of this version, on a registry
 //!   of 0.9.0 updated under them, and passing a worker id both ways on a registry of this version.
 
@@ -1073,15 +1073,21 @@ fn a_registry_back_as_a_new_run_in_the_last_stretch_of_a_holders_lease_renews_it
         refusals.len()
     );
     // Refused from the deadline on, as unreachable: never told to wait for the registry's epoch.
+    // The last refusals name the database that took no connection.
     assert!(!refusals.is_empty(), "the node never stopped issuing");
     for refusal in &refusals {
         assert!(
-            refusal.starts_with("40001: snowid refuses to issue ids: the lease registry has been unreachable since ")
-                && refusal.contains("and the lease on worker id 2 has run out: ")
-                && refusal.contains("database \"postgres\" is not currently accepting connections"),
+            refusal.starts_with(
+                "40001: snowid refuses to issue ids: the lease registry has been unreachable since "
+            ) && refusal.contains("and the lease on worker id 2 has run out: "),
             "{refusal}"
         );
     }
+    let last = refusals.last().unwrap();
+    assert!(
+        last.contains("database \"postgres\" is not currently accepting connections"),
+        "{last}"
+    );
     assert!(
         first_id_after < Duration::from_millis(250),
         "the first id came {first_id_after:?} after the registry took connections"
