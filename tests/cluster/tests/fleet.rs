@@ -1021,7 +1021,7 @@ fn a_registry_that_stops_answering_delays_a_holders_fast_shutdown_by_at_most_a_s
 }
 
 #[test]
-fn a_registry_back_as_a_new_run_in_the_last_stretch_of_a_holders_lease_renews_it_at_once() {
+fn a_registry_back_as_a_new_run_in_the_last_second_of_a_holders_lease_renews_it_at_once() {
     let registry = registry("late-registry", &[]);
     let node = Node::start(
         "late",
