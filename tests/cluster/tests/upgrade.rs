@@ -50,9 +50,9 @@ fn current() -> String {
 /// the lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
     if server_version_num(client) >= 170000 {
-        37
+        39
     } else {
-        33
+        35
     }
 }
 
