@@ -73,3 +73,11 @@ BEGIN;
 SELECT snowid_convert_column('drafts');
 ROLLBACK;
 SELECT column_default FROM information_schema.columns WHERE table_name = 'drafts';
+-- Rows merged from several writers by logical replication: the worker id in each key names the
+-- writer that issued it.
+CREATE TABLE merged_orders (id bigint PRIMARY KEY);
+INSERT INTO merged_orders
+SELECT snowid_from_timestamp(timestamptz '2026-12-01 09:00' + n * interval '1 minute') | (writer << 12)
+  FROM generate_series(1, 3) writer, generate_series(1, 10 * writer) n;
+SELECT snowid_worker_id(id) AS worker_id, count(*) AS rows, max(snowid_timestamp(id)) AS newest
+  FROM merged_orders GROUP BY 1 ORDER BY 1;

@@ -1,0 +1,490 @@
+//! Writers whose rows meet through PostgreSQL's own logical replication, set up as
+//! docs/recipes.md shows: fan-in (several writers publishing into one server), active-active (two
+//! writers subscribing to each other with `origin = none`, then a third joining with a copy of the
+//! table), and a published `bigserial` table converted with `snowid_convert_column()`. Every row is
+//! counted on every side; beside each, the same with `bigserial` keys collides, which shows that
+//! the checks can fail.
+
+use postgres::Client;
+use snowid_cluster_tests::{error_of, query_value, server_version_num, wait_for, Cluster};
+use std::time::Duration;
+
+/// The writers' tables: one keyed by snowid, and the control keyed by `bigserial`; and the role
+/// that subscribers connect as.
+const TABLES: &str = "
+    CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowid_next(),
+                         writer text NOT NULL, n int NOT NULL);
+    CREATE TABLE serial_orders (id bigserial PRIMARY KEY, writer text NOT NULL, n int NOT NULL);
+    CREATE ROLE replicator LOGIN REPLICATION;
+    GRANT SELECT ON orders, serial_orders TO replicator;";
+/// A writer publishes its tables by name, or all of its tables, snowid's own among them.
+#[derive(Clone, Copy)]
+enum Publish {
+    ByName,
+    AllTables,
+}
+/// Each writer inserts this many transactions of `ROWS_PER_TRANSACTION` rows, while the others do.
+const TRANSACTIONS: i32 = 20;
+const ROWS_PER_TRANSACTION: i32 = 250;
+const ROWS_PER_WRITER: i64 = (TRANSACTIONS * ROWS_PER_TRANSACTION) as i64;
+const REPLICATED_WITHIN: Duration = Duration::from_secs(60);
+
+/// A server that writes rows: snowid with worker id `worker_id` from its own lease table, renewed
+/// every second so that the lease table changes while rows replicate; the tables; and
+/// `wal_level = logical` so that it can publish them.
+struct Writer {
+    name: &'static str,
+    cluster: Cluster,
+}
+
+impl Writer {
+    fn start(name: &'static str, worker_id: u16) -> Writer {
+        let (cluster, mut client) = Cluster::start_leased(
+            name,
+            worker_id,
+            &["wal_level = logical", "snowid.lease_ttl = 3"],
+            false,
+        );
+        client.batch_execute(TABLES).unwrap();
+        Writer { name, cluster }
+    }
+
+    fn connect(&self) -> Client {
+        self.cluster.connect()
+    }
+
+    fn publish(&self, tables: Publish) {
+        let tables = match tables {
+            Publish::ByName => "TABLE orders, serial_orders",
+            Publish::AllTables => "ALL TABLES",
+        };
+        self.connect()
+            .batch_execute(&format!("CREATE PUBLICATION orders FOR {tables}"))
+            .unwrap();
+    }
+
+    /// The worker ids of this server's lease table, and when its registry's epoch began.
+    fn registry(&self) -> (Vec<i32>, String) {
+        let mut client = self.connect();
+        let worker_ids = client
+            .query("SELECT worker_id FROM snowid.worker_lease ORDER BY 1", &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        (
+            worker_ids,
+            query_value(
+                &mut client,
+                "SELECT began_at::text FROM snowid.registry_epoch",
+            ),
+        )
+    }
+
+    /// Subscribes to `publisher`'s publication, with the subscription's `options`.
+    fn subscribe(&self, publisher: &Writer, options: &str) {
+        self.connect()
+            .batch_execute(&format!(
+                "CREATE SUBSCRIPTION {}_from_{} CONNECTION '{}' PUBLICATION orders WITH ({options})",
+                self.name,
+                publisher.name,
+                publisher.conninfo()
+            ))
+            .unwrap();
+    }
+
+    fn conninfo(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} dbname=postgres user=replicator",
+            self.cluster.port
+        )
+    }
+
+    /// Inserts `TRANSACTIONS` transactions of snowid-keyed rows.
+    fn insert_orders(&self) {
+        let mut client = self.connect();
+        for _ in 0..TRANSACTIONS {
+            client
+                .execute(
+                    "INSERT INTO orders (writer, n)
+                     SELECT $1, n FROM generate_series(1, $2::int) n",
+                    &[&self.name, &ROWS_PER_TRANSACTION],
+                )
+                .unwrap();
+        }
+    }
+
+    fn rows(&self) -> i64 {
+        query_value(&mut self.connect(), "SELECT count(*) FROM orders")
+    }
+
+    fn wait_for_rows(&self, rows: i64) {
+        wait_for(
+            &format!("{rows} rows on {}", self.name),
+            REPLICATED_WITHIN,
+            || self.rows() == rows,
+        );
+    }
+
+    /// The rows of `orders` by the worker id in their key: the worker id, the writer that inserted
+    /// them, how many there are.
+    fn rows_by_worker_id(&self) -> Vec<(i32, String, i64)> {
+        self.connect()
+            .query(
+                "SELECT snowid_worker_id(id), writer, count(*) FROM orders
+                  GROUP BY 1, 2 ORDER BY 1, 2",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect()
+    }
+
+    /// Every row of `orders`, as one text: equal on two servers when they hold the same rows.
+    fn fingerprint(&self) -> String {
+        query_value(
+            &mut self.connect(),
+            "SELECT count(*) || ' ' || md5(string_agg(id || ' ' || writer || ' ' || n, ',' ORDER BY id))
+               FROM orders",
+        )
+    }
+
+    /// Enables or disables every subscription of this server; a disabled one applies nothing more.
+    fn enable_subscriptions(&self, enabled: bool) {
+        let mut client = self.connect();
+        let names: Vec<String> = client
+            .query("SELECT subname FROM pg_subscription", &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let what = if enabled { "ENABLE" } else { "DISABLE" };
+        for name in names {
+            client
+                .batch_execute(&format!("ALTER SUBSCRIPTION {name} {what}"))
+                .unwrap();
+        }
+        // A disabled subscription's worker ends at its next look at the catalog.
+        if !enabled {
+            wait_for(
+                &format!("{}'s subscription workers gone", self.name),
+                REPLICATED_WITHIN,
+                || {
+                    query_value::<i64>(&mut client, "SELECT count(pid) FROM pg_stat_subscription")
+                        == 0
+                },
+            );
+        }
+    }
+
+    /// How many times this server's subscriptions failed to apply a change or to copy a table.
+    fn replication_errors(&self) -> i64 {
+        query_value(
+            &mut self.connect(),
+            "SELECT coalesce(sum(apply_error_count + sync_error_count), 0)::int8
+               FROM pg_stat_subscription_stats",
+        )
+    }
+
+    /// Waits until every table of every subscription of this server is copied and applying.
+    fn wait_until_subscriptions_ready(&self) {
+        wait_for(
+            &format!("{}'s subscriptions ready", self.name),
+            REPLICATED_WITHIN,
+            || {
+                query_value::<i64>(
+                    &mut self.connect(),
+                    "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'",
+                ) == 0
+            },
+        );
+    }
+}
+
+/// Each of `writers` inserts its rows, all at once.
+fn insert_at_once(writers: &[&Writer]) {
+    std::thread::scope(|scope| {
+        for writer in writers {
+            scope.spawn(|| writer.insert_orders());
+        }
+    });
+}
+
+/// The control: each of `writers` inserts 100 `bigserial` rows in one transaction, numbered 1 to
+/// 100 on each, while the subscriptions of `subscribers` are disabled, so that no writer receives
+/// another's rows before it inserts its own. Once they are enabled again, each subscriber applies
+/// the first of them to arrive (or has its own) and stops on the next: it keeps exactly 100 rows,
+/// all of one writer (the one named beside it, if any), and logs the conflict.
+fn bigserial_collides(writers: &[&Writer], subscribers: &[(&Writer, Option<&str>)]) {
+    let errors_before: Vec<i64> = subscribers
+        .iter()
+        .map(|(subscriber, _)| subscriber.replication_errors())
+        .collect();
+    for (subscriber, _) in subscribers {
+        subscriber.enable_subscriptions(false);
+    }
+    for writer in writers {
+        writer
+            .connect()
+            .execute(
+                "INSERT INTO serial_orders (writer, n) SELECT $1, n FROM generate_series(1, 100) n",
+                &[&writer.name],
+            )
+            .unwrap();
+    }
+    for (subscriber, _) in subscribers {
+        subscriber.enable_subscriptions(true);
+    }
+    for (&(subscriber, kept_from), errors_before) in subscribers.iter().zip(errors_before) {
+        wait_for(
+            &format!("the bigserial conflict on {}", subscriber.name),
+            REPLICATED_WITHIN,
+            || subscriber.replication_errors() > errors_before,
+        );
+        let mut client = subscriber.connect();
+        let row = client
+            .query_one(
+                "SELECT count(*), array_agg(DISTINCT writer), min(id) || '..' || max(id)
+                   FROM serial_orders",
+                &[],
+            )
+            .unwrap();
+        let (rows, kept, ids): (i64, Vec<String>, String) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!((rows, ids.as_str()), (100, "1..100"), "{}", subscriber.name);
+        match kept_from {
+            Some(writer) => assert_eq!(kept, [writer], "{}", subscriber.name),
+            None => assert_eq!(kept.len(), 1, "{}: {kept:?}", subscriber.name),
+        }
+        // PostgreSQL 18 reports the conflict in words of its own.
+        let conflict = if server_version_num(&mut client) >= 180000 {
+            "conflict detected on relation \"public.serial_orders\": conflict=insert_exists"
+        } else {
+            "duplicate key value violates unique constraint \"serial_orders_pkey\""
+        };
+        let log = subscriber.cluster.log();
+        assert!(log.contains(conflict), "{}: {log}", subscriber.name);
+    }
+}
+
+/// Two writers, worker ids 1 and 2, publish into a hub that inserts rows of its own under worker
+/// id 3: one its tables by name, the other all of its tables, snowid's lease table among them. All
+/// three insert at once; the hub ends with every row, each under its writer's worker id, and no
+/// apply error, and its lease table and epoch are its own. The same with `bigserial` stops on the
+/// second writer's first row.
+#[test]
+fn fan_in_from_two_writers_keeps_every_row_where_bigserial_collides() {
+    let one = Writer::start("one", 1);
+    let two = Writer::start("two", 2);
+    let hub = Writer::start("hub", 3);
+    let registry = hub.registry();
+    assert_eq!(registry.0, [3]);
+    one.publish(Publish::ByName);
+    hub.subscribe(&one, "copy_data = false");
+    two.publish(Publish::AllTables);
+    hub.subscribe(&two, "copy_data = true");
+    hub.wait_until_subscriptions_ready();
+
+    insert_at_once(&[&one, &two, &hub]);
+    hub.wait_for_rows(3 * ROWS_PER_WRITER);
+    assert_eq!(
+        hub.rows_by_worker_id(),
+        [
+            (1, "one".to_string(), ROWS_PER_WRITER),
+            (2, "two".to_string(), ROWS_PER_WRITER),
+            (3, "hub".to_string(), ROWS_PER_WRITER),
+        ]
+    );
+    assert_eq!(hub.replication_errors(), 0);
+    assert_eq!(
+        hub.registry(),
+        registry,
+        "the hub's lease table and epoch are its own"
+    );
+
+    bigserial_collides(&[&one, &two], &[(&hub, None)]);
+}
+
+/// Active-active, from PostgreSQL 16: writers 1 and 2 publish all their tables and subscribe to
+/// each other with `origin = none`, and insert at once; a third joins, copying the tables from one
+/// of them, and all three insert at once. Every side ends with the same rows, no apply error, and
+/// a lease table and epoch of its own; the same with `bigserial` stops on both sides, each
+/// keeping its own rows. PostgreSQL 15 has no `origin`, and
+/// says so.
+#[test]
+fn active_active_writers_and_one_joining_end_with_the_same_rows_where_bigserial_collides() {
+    let one = Writer::start("one", 1);
+    if server_version_num(&mut one.connect()) < 160000 {
+        assert_eq!(
+            error_of(
+                &mut one.connect(),
+                "CREATE SUBSCRIPTION loop CONNECTION 'dbname=postgres' PUBLICATION orders
+                   WITH (connect = false, origin = none)"
+            ),
+            "42601: unrecognized subscription parameter: \"origin\""
+        );
+        return;
+    }
+    let two = Writer::start("two", 2);
+    let registries = [one.registry(), two.registry()];
+    for writer in [&one, &two] {
+        writer.publish(Publish::AllTables);
+    }
+    for (subscriber, publisher) in [(&one, &two), (&two, &one)] {
+        subscriber.subscribe(publisher, "origin = none, copy_data = false");
+    }
+    one.wait_until_subscriptions_ready();
+    two.wait_until_subscriptions_ready();
+    insert_at_once(&[&one, &two]);
+    for writer in [&one, &two] {
+        writer.wait_for_rows(2 * ROWS_PER_WRITER);
+    }
+
+    // The third joins while the others do not write to the table: it copies the table from one,
+    // which holds the other's rows too, and takes only what is new from the other.
+    let three = Writer::start("three", 3);
+    let registries = [
+        registries[0].clone(),
+        registries[1].clone(),
+        three.registry(),
+    ];
+    three.publish(Publish::AllTables);
+    three.subscribe(&one, "origin = none, copy_data = true");
+    three.subscribe(&two, "origin = none, copy_data = false");
+    for writer in [&one, &two] {
+        writer.subscribe(&three, "origin = none, copy_data = false");
+    }
+    for writer in [&one, &two, &three] {
+        writer.wait_until_subscriptions_ready();
+    }
+    assert_eq!(three.rows(), 2 * ROWS_PER_WRITER, "three copied every row");
+    assert!(three.cluster.log().contains(
+        "WARNING:  subscription \"three_from_one\" requested copy_data with origin = NONE but \
+         might copy data that had a different origin"
+    ));
+
+    insert_at_once(&[&one, &two, &three]);
+    let expected = [
+        (1, "one".to_string(), 2 * ROWS_PER_WRITER),
+        (2, "two".to_string(), 2 * ROWS_PER_WRITER),
+        (3, "three".to_string(), ROWS_PER_WRITER),
+    ];
+    for (writer, registry) in [&one, &two, &three].into_iter().zip(&registries) {
+        writer.wait_for_rows(5 * ROWS_PER_WRITER);
+        assert_eq!(writer.rows_by_worker_id(), expected, "{}", writer.name);
+        assert_eq!(writer.replication_errors(), 0, "{}", writer.name);
+        assert_eq!(&writer.registry(), registry, "{}", writer.name);
+    }
+    assert_eq!(one.fingerprint(), two.fingerprint());
+    assert_eq!(one.fingerprint(), three.fingerprint());
+
+    bigserial_collides(&[&one, &two], &[(&one, Some("one")), (&two, Some("two"))]);
+}
+
+/// A writer's `bigserial` table, published with 10,000 rows, converted with
+/// `snowid_convert_column()` while a session inserts into it: the subscriber ends with every row,
+/// the old ones with their values and the new ones under the writer's worker id.
+#[test]
+fn a_published_bigserial_table_converted_under_inserts_reaches_the_subscriber_whole() {
+    let writer = Writer::start("converting", 1);
+    let subscriber = Writer::start("subscriber", 2);
+    writer
+        .connect()
+        .batch_execute(
+            "CREATE TABLE accounts (id bigserial PRIMARY KEY, n int NOT NULL);
+             INSERT INTO accounts (n) SELECT n FROM generate_series(1, 10000) n;
+             GRANT SELECT ON accounts TO replicator;
+             CREATE PUBLICATION accounts FOR TABLE accounts;",
+        )
+        .unwrap();
+    let mut hub = subscriber.connect();
+    hub.batch_execute("CREATE TABLE accounts (id bigint PRIMARY KEY, n int NOT NULL)")
+        .unwrap();
+    hub.batch_execute(&format!(
+        "CREATE SUBSCRIPTION accounts CONNECTION '{}' PUBLICATION accounts",
+        writer.conninfo()
+    ))
+    .unwrap();
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let inserted = std::thread::scope(|scope| {
+        let inserting = scope.spawn(|| {
+            let mut client = writer.connect();
+            let mut inserted = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                client
+                    .execute("INSERT INTO accounts (n) VALUES (-1)", &[])
+                    .unwrap();
+                inserted += 1;
+            }
+            inserted
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let mut converter = writer.connect();
+        let mut transaction = converter.transaction().unwrap();
+        transaction
+            .execute("SELECT snowid_convert_column('accounts')", &[])
+            .unwrap();
+        transaction.commit().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        inserting.join().unwrap()
+    });
+
+    let split = "SELECT count(*) FILTER (WHERE id = n),
+                        count(*) FILTER (WHERE n = -1 AND id <= 2147483647),
+                        count(*) FILTER (WHERE n = -1 AND snowid_worker_id(id) = 1
+                                         AND id > 2147483647),
+                        md5(string_agg(id || ' ' || n, ',' ORDER BY id))
+                   FROM accounts";
+    let on = |client: &mut Client| {
+        let row = client.query_one(split, &[]).unwrap();
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2),
+            row.get::<_, String>(3),
+        )
+    };
+    let published = on(&mut writer.connect());
+    assert_eq!(published.0, 10_000, "every old row kept its value");
+    assert!(published.1 > 0, "inserts ran before the conversion");
+    assert!(published.2 > 0, "inserts ran after the conversion");
+    assert_eq!(published.1 + published.2, inserted);
+    wait_for("every row on the subscriber", REPLICATED_WITHIN, || {
+        query_value::<i64>(&mut hub, "SELECT count(*) FROM accounts") == 10_000 + inserted
+    });
+    assert_eq!(on(&mut hub), published);
+    assert_eq!(subscriber.replication_errors(), 0);
+}
+
+/// A TRUNCATE of a publisher's lease table, published with all its tables, is refused where it
+/// arrives: the subscriber's lease table keeps its row, and its log says why and what to do.
+#[test]
+fn a_truncate_of_a_published_lease_table_is_refused_by_the_subscriber() {
+    let writer = Writer::start("truncating", 1);
+    let subscriber = Writer::start("subscriber", 2);
+    writer.publish(Publish::AllTables);
+    subscriber.subscribe(&writer, "copy_data = false");
+    subscriber.wait_until_subscriptions_ready();
+    let registry = subscriber.registry();
+    writer
+        .connect()
+        .batch_execute("TRUNCATE snowid.worker_lease")
+        .unwrap();
+    wait_for("the subscriber's refusal", REPLICATED_WITHIN, || {
+        subscriber.replication_errors() > 0
+    });
+    let log = subscriber.cluster.log();
+    assert!(
+        log.contains(
+            "ERROR:  snowid: snowid.worker_lease belongs to this server: a TRUNCATE of it from a \
+             subscription is refused"
+        ) && log.contains(
+            "HINT:  Publish the tables to replicate by name or schema rather than FOR ALL TABLES, \
+             or skip this transaction with ALTER SUBSCRIPTION ... SKIP."
+        ),
+        "{log}"
+    );
+    assert_eq!(subscriber.registry(), registry);
+}
