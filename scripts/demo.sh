@@ -105,6 +105,7 @@ node_config() {
     config=${config//@DIR@/"$patroni_dir/node$1"}
     config=${config//@BIN_DIR@/"$bindir"}
     config=${config//@DCS@/}
+    config=${config//@DCS_PARAMETERS@/}
     config=${config//@PARAMETERS@/"$parameters"}
     printf '%s\n' "$config"
 }

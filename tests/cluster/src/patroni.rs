@@ -90,6 +90,9 @@ pub struct Shared {
     pub registry_port: Option<u16>,
     /// `master_start_timeout: 0` in Patroni's dynamic configuration.
     pub fail_over_at_once: bool,
+    /// `wal_level = logical` and `hot_standby_feedback`, so that the cluster can publish through a
+    /// permanent logical slot, which Patroni copies to the standby.
+    pub publishes: bool,
 }
 
 /// The fragment (as docs/patroni.md shows it) for the shared `mode`, as node `number` uses it: its worker id, and the
@@ -164,6 +167,11 @@ impl Node {
         } else {
             ""
         };
+        let dcs_parameters = if shared.publishes {
+            "        wal_level: logical\n        hot_standby_feedback: 'on'"
+        } else {
+            ""
+        };
         let dcs = format!(
             "    ttl: {}\n    loop_wait: {}\n    retry_timeout: {}\n    maximum_lag_on_failover: 1073741824\n{start_timeout}{extra_dcs}",
             timing.ttl, timing.loop_wait, timing.retry_timeout
@@ -185,6 +193,7 @@ impl Node {
             ("@DIR@", dir.display().to_string()),
             ("@BIN_DIR@", pg_config("--bindir")),
             ("@DCS@", dcs),
+            ("@DCS_PARAMETERS@", dcs_parameters.to_string()),
             ("@PARAMETERS@", parameters),
         ]
         .iter()
@@ -638,6 +647,22 @@ impl PatroniCluster {
         timing: Timing,
         fail_over_at_once: bool,
     ) -> PatroniCluster {
+        PatroniCluster::start_with(mode, ids, timing, fail_over_at_once, false)
+    }
+
+    /// Like [`PatroniCluster::start`], with a worker id per node and Patroni's fast timing, the
+    /// nodes able to publish: see [`Shared::publishes`].
+    pub fn start_publishing(mode: Mode) -> PatroniCluster {
+        PatroniCluster::start_with(mode, WorkerIds::PerNode, FAST, false, true)
+    }
+
+    fn start_with(
+        mode: Mode,
+        ids: WorkerIds,
+        timing: Timing,
+        fail_over_at_once: bool,
+        publishes: bool,
+    ) -> PatroniCluster {
         let base = std::env::temp_dir().join(format!(
             "snowid-patroni-{mode:?}-{ids:?}-{}",
             std::process::id()
@@ -653,6 +678,7 @@ impl PatroniCluster {
             etcd_port: etcd.members[0].client_port,
             registry_port: registry.as_ref().map(|registry| registry.port),
             fail_over_at_once,
+            publishes,
         };
         let scope = "snowid-patroni".to_string();
         let mut one = Node::new(&base, "node1", 1, &shared, &scope, "", "");

@@ -21,7 +21,7 @@
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
 use snowid_cluster_tests::patroni::*;
 use snowid_cluster_tests::{
-    assert_success, free_port, pg_config, scenario_tests, signal, signal_all,
+    assert_success, free_port, pg_config, scenario_tests, signal, signal_all, RaiseOnDrop,
 };
 use std::fs;
 use std::path::Path;
@@ -793,4 +793,170 @@ scenario_tests! { copies_beside_the_live_primary:
     lease_table_a_clone_and_a_standby_cluster_beside_the_live_primary: Mode::LeaseTableOnTheNodes,
     shared_registry_a_clone_and_a_standby_cluster_beside_the_live_primary: Mode::SharedRegistry,
     etcd_a_clone_and_a_standby_cluster_beside_the_live_primary: Mode::Etcd,
+}
+
+/// A primary that publishes through a permanent logical slot, declared in Patroni's configuration
+/// once the publication exists (Patroni keeps it on the primary and copies it to the standby),
+/// fails over while a client inserts through the multi-host connection string; a subscriber whose
+/// connection string names both nodes with `target_session_attrs=read-write` follows the promoted
+/// node on its own. The promoted node issues
+/// under its own worker id, and its rows reach the subscriber with no collision. Rows the failover
+/// itself lost (acknowledged by node1, never streamed to node2) are counted.
+#[test]
+fn a_publishing_primary_fails_over_and_its_subscriber_follows_with_no_collision() {
+    let mut cluster = PatroniCluster::start_publishing(Mode::LeaseTableOnTheNodes);
+    cluster
+        .one
+        .psql("CREATE PUBLICATION items FOR TABLE items")
+        .unwrap();
+    // After the publication: decoding from a slot made before it would not find it.
+    let output = Command::new("patronictl")
+        .arg("-c")
+        .arg(&cluster.one.config)
+        .args(["edit-config", "--force"])
+        .args(["-s", "slots.hub.type=logical"])
+        .args(["-s", "slots.hub.database=postgres"])
+        .args(["-s", "slots.hub.plugin=pgoutput"])
+        .output()
+        .unwrap();
+    assert_success(&output, "patronictl edit-config");
+    wait_until(
+        "Patroni to copy the slot to node2 and find it safe to use after a failover",
+        Duration::from_secs(90),
+        || {
+            cluster
+                .two
+                .log()
+                .contains("Logical slot hub is safe to be used after a failover")
+        },
+    );
+    let subscriber = snowid_cluster_tests::Cluster::start("subscriber", &[]);
+    let mut client = subscriber.connect();
+    client
+        .batch_execute("CREATE TABLE items (id bigint PRIMARY KEY)")
+        .unwrap();
+    client
+        .batch_execute(&format!(
+            "CREATE SUBSCRIPTION items CONNECTION '{}' PUBLICATION items
+           WITH (create_slot = false, slot_name = 'hub', copy_data = false)",
+            cluster.router_conninfo()
+        ))
+        .unwrap();
+
+    // A client inserts every 20 ms through both nodes' addresses, keeping what was acknowledged.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let router = cluster.router_conninfo();
+    let acknowledged: Vec<i64> = std::thread::scope(|scope| {
+        let _stop_on_failure = RaiseOnDrop(&stop);
+        let inserting = scope.spawn(|| {
+            let mut acknowledged = vec![];
+            let mut client = None;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+                let session = match &mut client {
+                    Some(session) => session,
+                    None => match postgres::Client::connect(&router, postgres::NoTls) {
+                        Ok(session) => client.insert(session),
+                        Err(_) => continue,
+                    },
+                };
+                match session.query_one("INSERT INTO items DEFAULT VALUES RETURNING id", &[]) {
+                    Ok(row) => acknowledged.push(row.get(0)),
+                    Err(_) => client = None,
+                }
+            }
+            acknowledged
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        cluster.one.stop_for_good();
+        wait_for_promotion(&cluster.two, Duration::from_secs(60));
+        wait_until(
+            "the subscriber streaming from node2",
+            Duration::from_secs(60),
+            || {
+                cluster
+                    .two
+                    .psql("SELECT active FROM pg_replication_slots WHERE slot_name = 'hub'")
+                    .is_ok_and(|active| active.trim() == "t")
+            },
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        inserting.join().unwrap()
+    });
+
+    let ids_of = |conninfo: &str| -> Vec<i64> {
+        let mut client = postgres::Client::connect(conninfo, postgres::NoTls).unwrap();
+        client
+            .query("SELECT id FROM items ORDER BY id", &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    let on_two = ids_of(&cluster.two.conninfo());
+    let on_subscriber = || {
+        ids_of(&format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            subscriber.port
+        ))
+    };
+    wait_until(
+        "every row of node2 on the subscriber",
+        Duration::from_secs(60),
+        || {
+            let reached = on_subscriber();
+            on_two.iter().all(|id| reached.binary_search(id).is_ok())
+        },
+    );
+    let reached = on_subscriber();
+    let worker_id = |id: &i64| (id >> 12) & 1023;
+    let lost_by_the_failover = acknowledged
+        .iter()
+        .filter(|id| on_two.binary_search(id).is_err())
+        .count();
+    let only_on_the_subscriber = reached
+        .iter()
+        .filter(|id| on_two.binary_search(id).is_err())
+        .count();
+    let of_worker = |worker: i64| -> Vec<i64> {
+        on_two
+            .iter()
+            .copied()
+            .filter(|id| worker_id(id) == worker)
+            .collect()
+    };
+    let (from_one, from_two) = (of_worker(1), of_worker(2));
+    println!(
+        "{} rows acknowledged; on node2 {} from node1 and {} of its own; {} on the subscriber; \
+         acknowledged by node1 and lost by the failover: {lost_by_the_failover}; on the \
+         subscriber only: {only_on_the_subscriber}",
+        acknowledged.len(),
+        from_one.len(),
+        from_two.len(),
+        reached.len()
+    );
+    assert_eq!(
+        from_one.len() + from_two.len(),
+        on_two.len(),
+        "worker ids 1 and 2 only"
+    );
+    assert!(from_one.len() >= 50, "node1 issued before the failover");
+    assert!(from_two.len() >= 50, "node2 issued after its promotion");
+    assert!(
+        from_one.last() < from_two.first(),
+        "node2 issued only after node1 had stopped"
+    );
+    // The subscriber's only errors are the lost connection to node1 and the tries to reach a
+    // primary before node2's promotion: no row conflicted.
+    let log = subscriber.log();
+    let errors: Vec<&str> = log.lines().filter(|line| line.contains("ERROR:")).collect();
+    assert!(!errors.is_empty(), "the subscriber lost node1: {log}");
+    assert!(
+        errors.iter().all(
+            |line| line.contains("could not receive data from WAL stream")
+                || line.contains("could not connect to the publisher")
+        ),
+        "{log}"
+    );
 }
