@@ -150,34 +150,6 @@ impl Writer {
         )
     }
 
-    /// Enables or disables every subscription of this server; a disabled one applies nothing more.
-    fn enable_subscriptions(&self, enabled: bool) {
-        let mut client = self.connect();
-        let names: Vec<String> = client
-            .query("SELECT subname FROM pg_subscription", &[])
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        let what = if enabled { "ENABLE" } else { "DISABLE" };
-        for name in names {
-            client
-                .batch_execute(&format!("ALTER SUBSCRIPTION {name} {what}"))
-                .unwrap();
-        }
-        // A disabled subscription's worker ends at its next look at the catalog.
-        if !enabled {
-            wait_for(
-                &format!("{}'s subscription workers gone", self.name),
-                REPLICATED_WITHIN,
-                || {
-                    query_value::<i64>(&mut client, "SELECT count(pid) FROM pg_stat_subscription")
-                        == 0
-                },
-            );
-        }
-    }
-
     /// How many times this server's subscriptions failed to apply a change or to copy a table.
     fn replication_errors(&self) -> i64 {
         query_value(
@@ -211,30 +183,34 @@ fn insert_at_once(writers: &[&Writer]) {
     });
 }
 
-/// The control: each of `writers` inserts 100 `bigserial` rows in one transaction, numbered 1 to
-/// 100 on each, while the subscriptions of `subscribers` are disabled, so that no writer receives
-/// another's rows before it inserts its own. Once they are enabled again, each subscriber applies
-/// the first of them to arrive (or has its own) and stops on the next: it keeps exactly 100 rows,
-/// all of one writer (the one named beside it, if any), and logs the conflict.
+/// The control: each of `writers` inserts 100 `bigserial` rows, numbered 1 to 100 on each, in a
+/// transaction that stays open until all have inserted, so that no writer applies another's rows
+/// before its own are in (an apply meeting an open transaction's key waits for it, then conflicts).
+/// Each of `subscribers` applies the first of them to arrive (or has its own) and stops on the
+/// next: it keeps exactly 100 rows, all of one writer (the one named beside it, if any), and logs
+/// the conflict.
 fn bigserial_collides(writers: &[&Writer], subscribers: &[(&Writer, Option<&str>)]) {
     let errors_before: Vec<i64> = subscribers
         .iter()
         .map(|(subscriber, _)| subscriber.replication_errors())
         .collect();
-    for (subscriber, _) in subscribers {
-        subscriber.enable_subscriptions(false);
-    }
-    for writer in writers {
-        writer
-            .connect()
-            .execute(
-                "INSERT INTO serial_orders (writer, n) SELECT $1, n FROM generate_series(1, 100) n",
-                &[&writer.name],
-            )
-            .unwrap();
-    }
-    for (subscriber, _) in subscribers {
-        subscriber.enable_subscriptions(true);
+    let mut clients: Vec<Client> = writers.iter().map(|writer| writer.connect()).collect();
+    let open: Vec<postgres::Transaction> = clients
+        .iter_mut()
+        .zip(writers)
+        .map(|(client, writer)| {
+            let mut transaction = client.transaction().unwrap();
+            transaction
+                .execute(
+                    "INSERT INTO serial_orders (writer, n) SELECT $1, n FROM generate_series(1, 100) n",
+                    &[&writer.name],
+                )
+                .unwrap();
+            transaction
+        })
+        .collect();
+    for transaction in open {
+        transaction.commit().unwrap();
     }
     for (&(subscriber, kept_from), errors_before) in subscribers.iter().zip(errors_before) {
         wait_for(
