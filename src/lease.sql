@@ -164,15 +164,6 @@ BEGIN
 END
 $$;
 
--- Whether this session is a worker of a logical replication subscription: it applies another
--- server's changes, or copies its tables.
-CREATE FUNCTION snowid.applying_a_subscription() RETURNS boolean
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT EXISTS (SELECT FROM pg_stat_subscription WHERE pid = pg_backend_pid())
-$$;
-
 -- A change of the lease table that no lease function made (a row deleted or edited by hand, a
 -- restore of its rows) may have dropped the row or the mark of a lease that runs: a new epoch
 -- begins, as long as the longest lease the registry knows of. The lease functions mark their own
@@ -183,8 +174,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF current_setting('snowid_lease.writing', true) IS DISTINCT FROM 'on'
-       AND NOT snowid.applying_a_subscription() THEN
+    IF current_setting('snowid_lease.writing', true) IS DISTINCT FROM 'on' THEN
         UPDATE snowid.registry_epoch e
            SET began_at = clock_timestamp(),
                settles_at = least(greatest(e.settles_at, clock_timestamp() + e.longest_ttl_ms * interval '1 millisecond'),
@@ -199,23 +189,27 @@ CREATE TRIGGER worker_lease_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
 ALTER TABLE snowid.worker_lease ENABLE ALWAYS TRIGGER worker_lease_changed;
 
 -- snowid's tables belong to the server that holds them. A publication FOR ALL TABLES publishes
--- them too; a subscriber with snowid skips every row of them that arrives, so that another
+-- them too; a subscriber with snowid skips, with a WARNING, every row of them that its
+-- subscription's worker (whose pid pg_stat_subscription shows) would write, so that another
 -- server's leases and epoch never land in its registry, and refuses a TRUNCATE of them. The
 -- triggers fire only with session_replication_role = replica, as subscriptions apply changes; a
--- maintenance script in that role writes the tables as before.
+-- maintenance session in that role writes the tables as before.
 CREATE FUNCTION snowid.keep_local() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF NOT snowid.applying_a_subscription() THEN
+    IF NOT EXISTS (SELECT FROM pg_stat_subscription WHERE pid = pg_backend_pid()) THEN
         RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
     ELSIF TG_OP = 'TRUNCATE' THEN
         RAISE EXCEPTION 'snowid: %.% belongs to this server: a TRUNCATE of it from a subscription is refused',
             TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '55000',
-                  HINT = 'Publish the tables to replicate by name or schema rather than FOR ALL TABLES, or skip this transaction with ALTER SUBSCRIPTION ... SKIP.';
+                  HINT = 'Publish the tables to replicate by name or schema, or FOR ALL TABLES WITH (publish = ''insert, update, delete''). ALTER SUBSCRIPTION ... SKIP skips the whole transaction, with any other table''s changes in it.';
     END IF;
+    RAISE WARNING 'snowid: % of a row of %.% from a subscription skipped: snowid''s tables belong to this server',
+        TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
+        USING HINT = 'Publish the tables to replicate by name or schema; move a lease registry with pg_dump and pg_restore.';
     RETURN NULL;
 END
 $$;

@@ -19,7 +19,7 @@ SELECT pg_describe_object(d.classid, d.objid, 0) || coalesce(' ' || (
            SELECT string_agg(con.conname || ' ' || pg_get_constraintdef(con.oid), ', ' ORDER BY con.conname)
              FROM pg_constraint con WHERE d.classid = 'pg_class'::regclass AND con.conrelid = d.objid), '')
        || coalesce(' ' || (
-           SELECT string_agg(pg_get_triggerdef(t.oid), ', ' ORDER BY t.tgname)
+           SELECT string_agg(pg_get_triggerdef(t.oid) || ' enabled ' || t.tgenabled::text, ', ' ORDER BY t.tgname)
              FROM pg_trigger t WHERE d.classid = 'pg_class'::regclass AND t.tgrelid = d.objid), '')
        || coalesce(' ' || (
            SELECT string_agg(a.attname || ': ' || col_description(a.attrelid, a.attnum), ', ' ORDER BY a.attnum)
@@ -50,9 +50,9 @@ fn current() -> String {
 /// the lease table's row type and its array type as members.
 fn fresh_members(client: &mut postgres::Client) -> usize {
     if server_version_num(client) >= 170000 {
-        39
+        38
     } else {
-        35
+        34
     }
 }
 
