@@ -814,6 +814,49 @@ mod tests {
         }
     }
 
+    /// A maintenance session with session_replication_role = replica, where the triggers that keep
+    /// a subscription's rows out fire too: its changes land, and each begins an epoch.
+    #[pg_test]
+    fn a_change_by_hand_in_the_replica_role_lands_and_begins_an_epoch() {
+        settled_registry();
+        held_row(970, "111-a", "pg@111-a:5432", 30_000);
+        Spi::run("SET LOCAL session_replication_role = replica").unwrap();
+        let changes = [
+            (
+                "UPDATE snowid.worker_lease SET holder_name = 'edited' WHERE worker_id = 970",
+                "SELECT count(*) FROM snowid.worker_lease WHERE holder_name = 'edited'",
+                1,
+            ),
+            (
+                "INSERT INTO snowid.worker_lease (worker_id) VALUES (971)",
+                "SELECT count(*) FROM snowid.worker_lease WHERE worker_id = 971",
+                1,
+            ),
+            (
+                "DELETE FROM snowid.worker_lease WHERE worker_id = 971",
+                "SELECT count(*) FROM snowid.worker_lease WHERE worker_id = 971",
+                0,
+            ),
+            (
+                "TRUNCATE snowid.worker_lease",
+                "SELECT count(*) FROM snowid.worker_lease",
+                0,
+            ),
+        ];
+        for (change, count, expected) in changes {
+            Spi::run("UPDATE snowid.registry_epoch SET settles_at = began_at").unwrap();
+            Spi::run(change).unwrap();
+            assert_eq!(one::<i64>(count), expected, "{change}");
+            assert!(
+                one::<bool>(
+                    "SELECT settles_at > clock_timestamp() + interval '29 seconds'
+                       FROM snowid.registry_epoch"
+                ),
+                "{change}"
+            );
+        }
+    }
+
     /// Who else holds `worker_id` for a standby whose holder is `111-me`, as the lease worker asks
     /// with `OTHER_HOLDER_SQL`, only running leases counting or every held row.
     fn other_holder(worker_id: i32, running_only: bool) -> Option<String> {

@@ -462,7 +462,8 @@ fn a_published_bigserial_table_converted_under_inserts_reaches_the_subscriber_wh
 /// A publisher's lease table edited by hand, published with all its tables: a row changed, which
 /// begins the publisher's next epoch, and a row inserted, updated and deleted under the
 /// subscriber's own worker id. The subscriber skips each with a WARNING and keeps its lease row,
-/// its mark and its epoch; a TRUNCATE is refused, and its log says why.
+/// its mark and its epoch; a TRUNCATE is refused, its log says why, and once that transaction is
+/// skipped the subscription applies on.
 #[test]
 fn a_publishers_hand_edits_of_its_lease_table_leave_the_subscribers_alone() {
     let writer = Writer::start("editing", 1);
@@ -529,5 +530,24 @@ fn a_publishers_hand_edits_of_its_lease_table_leave_the_subscribers_alone() {
         ),
         "{log}"
     );
+    assert_eq!(subscriber.registry(), registry);
+
+    // Skipped as the refusal's hint says, the transaction is gone and the subscription applies on.
+    let finished_at = log
+        .lines()
+        .filter_map(|line| line.split("finished at ").nth(1))
+        .last()
+        .expect("the failed transaction's end in the subscriber's log");
+    subscriber
+        .connect()
+        .batch_execute(&format!(
+            "ALTER SUBSCRIPTION subscriber_from_editing SKIP (lsn = '{finished_at}')"
+        ))
+        .unwrap();
+    writer
+        .connect()
+        .batch_execute("INSERT INTO orders (writer, n) VALUES ('editing', 1)")
+        .unwrap();
+    subscriber.wait_for_rows(1);
     assert_eq!(subscriber.registry(), registry);
 }
