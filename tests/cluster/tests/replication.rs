@@ -1,12 +1,15 @@
 //! Writers whose rows meet through PostgreSQL's own logical replication, set up as
 //! docs/recipes.md shows: fan-in (several writers publishing into one server), active-active (two
 //! writers subscribing to each other with `origin = none`, then a third joining with a copy of the
-//! table), and a published `bigserial` table converted with `snowid_convert_column()`. Every row is
-//! counted on every side; beside each, the same with `bigserial` keys collides, which shows that
-//! the checks can fail.
+//! table), a published `bigserial` table converted with `snowid_convert_column()`, and a
+//! publisher's lease table, published with all its tables, edited by hand. Every row is counted on
+//! every side; beside fan-in and active-active, the same with `bigserial` keys collides, which
+//! shows that the checks can fail.
 
 use postgres::Client;
-use snowid_cluster_tests::{error_of, query_value, server_version_num, wait_for, Cluster};
+use snowid_cluster_tests::{
+    error_of, query_value, server_version_num, wait_for, Cluster, RaiseOnDrop,
+};
 use std::time::Duration;
 
 /// The writers' tables: one keyed by snowid, and the control keyed by `bigserial`; and the role
@@ -17,18 +20,21 @@ const TABLES: &str = "
     CREATE TABLE serial_orders (id bigserial PRIMARY KEY, writer text NOT NULL, n int NOT NULL);
     CREATE ROLE replicator LOGIN REPLICATION;
     GRANT SELECT ON orders, serial_orders TO replicator;";
-/// A writer publishes its tables by name, or all of its tables, snowid's own among them.
-#[derive(Clone, Copy)]
-enum Publish {
-    ByName,
-    AllTables,
-}
 /// Each writer inserts this many transactions of `ROWS_PER_TRANSACTION` rows, while the others do.
 const TRANSACTIONS: i32 = 20;
 const ROWS_PER_TRANSACTION: i32 = 250;
 const ROWS_PER_WRITER: i64 = (TRANSACTIONS * ROWS_PER_TRANSACTION) as i64;
 const REPLICATED_WITHIN: Duration = Duration::from_secs(60);
 
+/// A writer publishes its tables by name, or all of its tables, snowid's own among them.
+#[derive(Clone, Copy)]
+enum Publish {
+    ByName,
+    AllTables,
+}
+
+/// What a subscription must never change in a server's registry: each lease row's worker id,
+/// holder and start, and the epoch's row. The server's own renewals change none of them.
 #[derive(Clone, Debug, PartialEq)]
 struct Registry {
     leases: Vec<String>,
@@ -69,8 +75,6 @@ impl Writer {
             .unwrap();
     }
 
-    /// What a subscription must never change in this server's registry: each lease row's worker
-    /// id, holder and start, and the epoch's row; its own renewals change none of them.
     fn registry(&self) -> Registry {
         let mut client = self.connect();
         let leases = client
@@ -310,8 +314,7 @@ fn fan_in_from_two_writers_keeps_every_row_where_bigserial_collides() {
 /// each other with `origin = none`, and insert at once; a third joins, copying the tables from one
 /// of them, and all three insert at once. Every side ends with the same rows, no apply error, and
 /// a lease table and epoch of its own; the same with `bigserial` stops on both sides, each
-/// keeping its own rows. PostgreSQL 15 has no `origin`, and
-/// says so.
+/// keeping its own rows. PostgreSQL 15 has no `origin`, and says so.
 #[test]
 fn active_active_writers_and_one_joining_end_with_the_same_rows_where_bigserial_collides() {
     let one = Writer::start("one", 1);
@@ -409,6 +412,7 @@ fn a_published_bigserial_table_converted_under_inserts_reaches_the_subscriber_wh
 
     let stop = std::sync::atomic::AtomicBool::new(false);
     let inserted = std::thread::scope(|scope| {
+        let _stop_on_failure = RaiseOnDrop(&stop);
         let inserting = scope.spawn(|| {
             let mut client = writer.connect();
             let mut inserted = 0;
