@@ -539,8 +539,8 @@ fn a_publishers_hand_edits_of_its_lease_table_leave_the_subscribers_alone() {
     // Skipped as the refusal's hint says, the transaction is gone and the subscription applies on.
     let finished_at = log
         .lines()
-        .filter_map(|line| line.split("finished at ").nth(1))
-        .last()
+        .rev()
+        .find_map(|line| line.split("finished at ").nth(1))
         .expect("the failed transaction's end in the subscriber's log");
     subscriber
         .connect()
