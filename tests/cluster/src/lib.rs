@@ -1663,6 +1663,17 @@ pub fn query_value<T: postgres::types::FromSqlOwned>(client: &mut Client, sql: &
     client.query_one(sql, &[]).unwrap().get(0)
 }
 
+/// How many times the subscriptions of `client`'s server failed to apply a change or to copy a
+/// table (a table whose first copy waited for a free replication worker slot meets a conflict in
+/// the copy).
+pub fn subscription_errors(client: &mut Client) -> i64 {
+    query_value(
+        client,
+        "SELECT coalesce(sum(apply_error_count + sync_error_count), 0)::int8
+           FROM pg_stat_subscription_stats",
+    )
+}
+
 /// The first two columns of the one row `sql` returns.
 pub fn query_pair<A: postgres::types::FromSqlOwned, B: postgres::types::FromSqlOwned>(
     client: &mut Client,

@@ -6,8 +6,8 @@
 use postgres::Client;
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
 use snowid_cluster_tests::{
-    error_of, error_text, new_holder_wait_ms, server_version_num, wait_for, wait_for_lease_state,
-    Cluster, Node, NEW_REGISTRY,
+    error_of, error_text, new_holder_wait_ms, server_version_num, subscription_errors, wait_for,
+    wait_for_lease_state, Cluster, Node, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -207,7 +207,7 @@ fn merges_without_a_conflict_where_bigserial_stops(fleet: &mut Fleet) {
         ]
     );
     assert_eq!(
-        replication_errors(&mut merged),
+        subscription_errors(&mut merged),
         0,
         "snowid rows merge without a conflict"
     );
@@ -222,7 +222,7 @@ fn merges_without_a_conflict_where_bigserial_stops(fleet: &mut Fleet) {
             .unwrap();
     }
     wait_for("the bigserial conflict", Duration::from_secs(30), || {
-        replication_errors(&mut merged) > 0
+        subscription_errors(&mut merged) > 0
     });
     // PostgreSQL 18 reports the conflict in words of its own.
     let log = aggregator.log();
@@ -508,17 +508,4 @@ fn every_id_is_unique_and_increases(fleet: &Fleet) {
         );
     }
     println!("{} ids collected, all unique", fleet.collected.0.len());
-}
-
-/// How many times the subscriptions of the aggregator failed to apply a change or to copy a table:
-/// a table whose first copy waited for a free replication worker slot meets a conflict in the copy.
-fn replication_errors(merged: &mut Client) -> i64 {
-    merged
-        .query_one(
-            "SELECT coalesce(sum(apply_error_count + sync_error_count), 0)::int8
-               FROM pg_stat_subscription_stats",
-            &[],
-        )
-        .unwrap()
-        .get(0)
 }

@@ -8,7 +8,7 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_of, query_value, server_version_num, wait_for, Cluster, RaiseOnDrop,
+    error_of, query_value, server_version_num, subscription_errors, wait_for, Cluster, RaiseOnDrop,
 };
 use std::time::Duration;
 
@@ -166,11 +166,7 @@ impl Writer {
 
     /// How many times this server's subscriptions failed to apply a change or to copy a table.
     fn replication_errors(&self) -> i64 {
-        query_value(
-            &mut self.connect(),
-            "SELECT coalesce(sum(apply_error_count + sync_error_count), 0)::int8
-               FROM pg_stat_subscription_stats",
-        )
+        subscription_errors(&mut self.connect())
     }
 
     /// Waits until every table of every subscription of this server is copied and applying.
