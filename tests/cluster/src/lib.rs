@@ -1225,14 +1225,27 @@ pub fn wait_every(
     what: &str,
     limit: Duration,
     every: Duration,
+    done: impl FnMut() -> bool,
+) -> Instant {
+    wait_every_explained(what, limit, every, done, String::new)
+}
+
+/// Like [`wait_every`]; a failure also says what `explain` returns then (what is missing, a log).
+pub fn wait_every_explained(
+    what: &str,
+    limit: Duration,
+    every: Duration,
     mut done: impl FnMut() -> bool,
+    explain: impl FnOnce() -> String,
 ) -> Instant {
     let started = Instant::now();
     loop {
         if done() {
             return Instant::now();
         }
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        if started.elapsed() >= limit {
+            panic!("{what}: not within {limit:?}{}", explain());
+        }
         std::thread::sleep(every);
     }
 }
@@ -1672,6 +1685,26 @@ pub fn subscription_errors(client: &mut Client) -> i64 {
         "SELECT coalesce(sum(apply_error_count + sync_error_count), 0)::int8
            FROM pg_stat_subscription_stats",
     )
+}
+
+/// Waits until the apply worker of `client`'s subscription `name` runs. PostgreSQL 16.2's launcher
+/// loses the wake-up of a subscription created while it waits for another subscription's worker
+/// to start, and then starts the new one only after its three-minute nap: a server that takes
+/// several subscriptions gets each once the one before it runs, as docs/recipes.md says.
+pub fn wait_for_subscription_worker(client: &mut Client, name: &str) {
+    wait_for(
+        &format!("the apply worker of subscription {name}"),
+        Duration::from_secs(30),
+        || {
+            query_value::<i64>(
+                client,
+                &format!(
+                    "SELECT count(pid) FROM pg_stat_subscription
+                      WHERE subname = '{name}' AND relid IS NULL"
+                ),
+            ) > 0
+        },
+    );
 }
 
 /// The first two columns of the one row `sql` returns.

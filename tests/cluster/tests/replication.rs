@@ -8,7 +8,8 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_of, query_value, server_version_num, subscription_errors, wait_for, Cluster, RaiseOnDrop,
+    error_of, query_value, server_version_num, subscription_errors, wait_every_explained, wait_for,
+    wait_for_subscription_worker, Cluster, RaiseOnDrop,
 };
 use std::time::Duration;
 
@@ -95,16 +96,18 @@ impl Writer {
         Registry { leases, epoch }
     }
 
-    /// Subscribes to `publisher`'s publication, with the subscription's `options`.
+    /// Subscribes to `publisher`'s publication, with the subscription's `options`, and returns
+    /// once the subscription's worker runs.
     fn subscribe(&self, publisher: &Writer, options: &str) {
-        self.connect()
+        let name = format!("{}_from_{}", self.name, publisher.name);
+        let mut client = self.connect();
+        client
             .batch_execute(&format!(
-                "CREATE SUBSCRIPTION {}_from_{} CONNECTION '{}' PUBLICATION orders WITH ({options})",
-                self.name,
-                publisher.name,
+                "CREATE SUBSCRIPTION {name} CONNECTION '{}' PUBLICATION orders WITH ({options})",
                 publisher.conninfo()
             ))
             .unwrap();
+        wait_for_subscription_worker(&mut client, &name);
     }
 
     fn conninfo(&self) -> String {
@@ -169,17 +172,28 @@ impl Writer {
         subscription_errors(&mut self.connect())
     }
 
-    /// Waits until every table of every subscription of this server is copied and applying.
+    /// Waits until every table of every subscription of this server is copied and applying; if
+    /// that fails, says which tables were not, and what the server logged.
     fn wait_until_subscriptions_ready(&self) {
-        wait_for(
+        let not_ready = || -> Vec<String> {
+            self.connect()
+                .query(
+                    "SELECT subname || ' ' || srrelid::regclass || ' ' || srsubstate::text
+                       FROM pg_subscription_rel JOIN pg_subscription s ON s.oid = srsubid
+                      WHERE srsubstate <> 'r' ORDER BY 1",
+                    &[],
+                )
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect()
+        };
+        wait_every_explained(
             &format!("{}'s subscriptions ready", self.name),
             REPLICATED_WITHIN,
-            || {
-                query_value::<i64>(
-                    &mut self.connect(),
-                    "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'",
-                ) == 0
-            },
+            Duration::from_millis(100),
+            || not_ready().is_empty(),
+            || format!(": {:?}\n{}", not_ready(), self.cluster.log()),
         );
     }
 }
