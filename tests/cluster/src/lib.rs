@@ -278,6 +278,48 @@ impl Cluster {
         standby
     }
 
+    /// Turns this hot standby of `publisher` into a logical replica of it with pg_createsubscriber
+    /// (PostgreSQL 17 and later) for the database `postgres`, and starts it again:
+    /// pg_createsubscriber publishes all of the publisher's tables, subscribes this server to
+    /// them, and gives it a system identifier of its own.
+    pub fn become_subscriber_of(&self, publisher: &Cluster) {
+        self.stop("fast");
+        let conninfo = format!(
+            "host=127.0.0.1 port={} dbname=postgres user=postgres",
+            publisher.port
+        );
+        let (data, port, dir) = (
+            self.data(),
+            free_port().to_string(),
+            self.dir.display().to_string(),
+        );
+        let output = self
+            .postgres_command(
+                &[
+                    "pg_createsubscriber",
+                    "-D",
+                    &data,
+                    "-P",
+                    &conninfo,
+                    "-d",
+                    "postgres",
+                    "-p",
+                    &port,
+                    "-s",
+                    &dir,
+                    "-U",
+                    "postgres",
+                ],
+                &[],
+            )
+            // Where it writes the log of the server it starts.
+            .current_dir(&self.dir)
+            .output()
+            .unwrap();
+        self.assert_ran(&output, "pg_createsubscriber");
+        self.start_again();
+    }
+
     /// A physical copy of this running cluster started at this cluster's own place: the same host
     /// name, port, data directory path and socket directory. The copy's files live in a directory of
     /// their own, bind-mounted over this cluster's directory in a mount namespace of the copy's
@@ -1684,6 +1726,17 @@ pub fn subscription_errors(client: &mut Client) -> i64 {
         client,
         "SELECT coalesce(sum(apply_error_count + sync_error_count), 0)::int8
            FROM pg_stat_subscription_stats",
+    )
+}
+
+/// The refusal of a server whose lease table says that `holder` holds `worker_id` and has not
+/// released it: a copy of `holder` (a clone, a promoted standby) beside it.
+pub fn held_by_refusal(worker_id: u16, holder: &str) -> String {
+    format!(
+        "55000: snowid refuses to issue ids: worker id {worker_id} is held by {holder}, another \
+         server that has not released it HINT: Give this server another snowid.worker_id and \
+         restart it, or, once {holder} is stopped for good, run SELECT snowid_handover({worker_id}) \
+         on this server."
     )
 }
 

@@ -10,8 +10,8 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_of, error_text, host_name, lease_worker_pid, new_holder_wait_ms, query_value, wait_for,
-    wait_for_lease_state, Cluster, Volume,
+    error_of, error_text, held_by_refusal, host_name, lease_worker_pid, new_holder_wait_ms,
+    query_value, wait_for, wait_for_lease_state, Cluster, Volume,
 };
 use std::time::{Duration, Instant};
 
@@ -46,12 +46,7 @@ fn holder_name(name: &str, cluster: &Cluster) -> String {
 /// The refusal of a server whose lease table says that `holder` holds worker id 5 and has not
 /// released it.
 fn held_by(holder: &str) -> String {
-    format!(
-        "55000: snowid refuses to issue ids: worker id {WORKER_ID} is held by {holder}, another \
-         server that has not released it HINT: Give this server another snowid.worker_id and \
-         restart it, or, once {holder} is stopped for good, run SELECT snowid_handover({WORKER_ID}) \
-         on this server."
-    )
+    held_by_refusal(WORKER_ID, holder)
 }
 
 /// The refusal of a server whose lease table says that `holder` released worker id 5 at a clean

@@ -8,8 +8,9 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_of, query_value, server_version_num, subscription_errors, wait_every_explained, wait_for,
-    wait_for_subscription_worker, Cluster, RaiseOnDrop,
+    error_of, held_by_refusal, pg_config, query_value, server_version_num, subscription_errors,
+    wait_every_explained, wait_for, wait_for_lease_state, wait_for_subscription_worker, Cluster,
+    RaiseOnDrop,
 };
 use std::time::Duration;
 
@@ -566,4 +567,87 @@ fn a_publishers_hand_edits_of_its_lease_table_leave_the_subscribers_alone() {
         .unwrap();
     subscriber.wait_for_rows(1);
     assert_eq!(subscriber.registry(), registry);
+}
+
+/// A hot standby turned into a subscriber of its primary by pg_createsubscriber (PostgreSQL 17 and
+/// later), which publishes all of the primary's tables, snowid's own among them. The former
+/// standby's lease table names the primary as the holder of worker id 1, its configured one: it
+/// refuses ids as a copy of the primary, past the end of that lease, while the primary's rows
+/// arrive and its renewals are skipped. Given worker id 2, it issues, and its rows and the
+/// primary's meet on it with no error; the same with `bigserial`, whose sequence the standby
+/// copied, collides on the first row both number alike. Earlier majors have no pg_createsubscriber.
+#[test]
+fn a_standby_turned_subscriber_by_pg_createsubscriber_refuses_its_primarys_worker_id_until_given_its_own(
+) {
+    let program = std::path::Path::new(&pg_config("--bindir")).join("pg_createsubscriber");
+    let primary = Writer::start("primary", 1);
+    if server_version_num(&mut primary.connect()) < 170000 {
+        assert!(!program.exists(), "{}", program.display());
+        return;
+    }
+    primary.insert_orders();
+    let standby = Writer {
+        name: "standby",
+        cluster: primary.cluster.standby_of("standby"),
+    };
+    standby.wait_for_rows(ROWS_PER_WRITER);
+    standby.cluster.become_subscriber_of(&primary.cluster);
+
+    let holder: String = query_value(
+        &mut primary.connect(),
+        "SELECT holder_name FROM snowid.worker_lease WHERE worker_id = 1",
+    );
+    let mut client = standby.connect();
+    assert_eq!(
+        wait_for_lease_state(
+            &mut client,
+            "held by another server",
+            Duration::from_secs(10)
+        ),
+        "held by another server"
+    );
+    assert_eq!(
+        query_value::<String>(&mut client, "SELECT lease_holder FROM snowid_status()"),
+        holder
+    );
+    // Twice the primary's lease: the row the standby copied runs out, and the refusal stays.
+    let registry = standby.registry();
+    let refusal = held_by_refusal(1, &holder);
+    let mut primary_client = primary.connect();
+    let watch = std::time::Instant::now();
+    while watch.elapsed() < Duration::from_secs(6) {
+        primary_client
+            .execute("INSERT INTO orders (writer, n) VALUES ('primary', 0)", &[])
+            .unwrap();
+        assert_eq!(error_of(&mut client, "SELECT snowid_next()"), refusal);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    standby.wait_for_rows(primary.rows());
+    assert_eq!(standby.registry(), registry);
+    assert!(standby.cluster.log().contains(
+        "WARNING:  snowid: UPDATE of a row of snowid.worker_lease from a subscription skipped: \
+         snowid's tables belong to this server"
+    ));
+
+    client
+        .batch_execute("ALTER SYSTEM SET snowid.worker_id = 2")
+        .unwrap();
+    standby.cluster.restart();
+    assert_eq!(
+        standby.cluster.wait_for_lease(&mut standby.connect()),
+        "held"
+    );
+    insert_at_once(&[&primary, &standby]);
+    let from_primary = primary.rows();
+    standby.wait_for_rows(from_primary + ROWS_PER_WRITER);
+    assert_eq!(
+        standby.rows_by_worker_id(),
+        [
+            (1, "primary".to_string(), from_primary),
+            (2, "standby".to_string(), ROWS_PER_WRITER),
+        ]
+    );
+    assert_eq!(standby.replication_errors(), 0);
+
+    bigserial_collides(&[&primary, &standby], &[(&standby, Some("standby"))]);
 }
