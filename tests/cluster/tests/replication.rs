@@ -8,9 +8,9 @@
 
 use postgres::Client;
 use snowid_cluster_tests::{
-    error_of, held_by_refusal, pg_config, query_value, server_version_num, subscription_errors,
-    wait_every_explained, wait_for, wait_for_lease_state, wait_for_subscription_worker, Cluster,
-    RaiseOnDrop,
+    error_of, error_text, held_by_refusal, pg_config, query_value, server_version_num,
+    subscription_errors, wait_every_explained, wait_for, wait_for_lease_state,
+    wait_for_subscription_worker, Cluster, Node, RaiseOnDrop, NEW_REGISTRY,
 };
 use std::time::Duration;
 
@@ -43,23 +43,26 @@ struct Registry {
     epoch: String,
 }
 
-/// A server that writes rows: snowid with worker id `worker_id` from its own lease table, renewed
-/// every second so that the lease table changes while rows replicate; the tables; and
-/// `wal_level = logical` so that it can publish them.
+/// A server that writes rows: snowid with worker id `worker_id` from its own lease table (or a
+/// shared registry), renewed every second so that the lease table changes while rows replicate;
+/// the tables; and `wal_level = logical` so that it can publish them.
 struct Writer {
     name: &'static str,
     cluster: Cluster,
 }
 
+/// A writer's settings: it publishes, and renews its lease every second.
+const SETTINGS: [&str; 2] = ["wal_level = logical", "snowid.lease_ttl = 3"];
+
 impl Writer {
     fn start(name: &'static str, worker_id: u16) -> Writer {
-        let (cluster, mut client) = Cluster::start_leased(
-            name,
-            worker_id,
-            &["wal_level = logical", "snowid.lease_ttl = 3"],
-            false,
-        );
-        client.batch_execute(TABLES).unwrap();
+        let (cluster, _) = Cluster::start_leased(name, worker_id, &SETTINGS, false);
+        Writer::with_tables(name, cluster)
+    }
+
+    /// The running `cluster`, snowid created in it, given the tables.
+    fn with_tables(name: &'static str, cluster: Cluster) -> Writer {
+        cluster.connect().batch_execute(TABLES).unwrap();
         Writer { name, cluster }
     }
 
@@ -650,4 +653,88 @@ fn a_standby_turned_subscriber_by_pg_createsubscriber_refuses_its_primarys_worke
     assert_eq!(standby.replication_errors(), 0);
 
     bigserial_collides(&[&primary, &standby], &[(&standby, Some("standby"))]);
+}
+
+/// A server replaced through logical replication, as in an upgrade to another major: the new
+/// server, configured with the old one's worker id and leasing it from the same shared registry,
+/// subscribes to the old one's tables with a copy. It refuses ids, naming the old server, while
+/// the old one holds the worker id and inserts on. At the switch the subscription is dropped and
+/// the old server stops cleanly, releasing the worker id: the new one takes it over, above every
+/// id the old one issued, and inserts. Its table holds every row of both.
+#[test]
+fn a_server_replaced_through_logical_replication_takes_its_worker_id_over_from_a_shared_registry() {
+    let registry = Cluster::start("registry", &[]);
+    registry.connect().batch_execute(NEW_REGISTRY).unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} dbname=postgres user=postgres",
+        registry.port
+    );
+    let old = Node::start("old", Some(1), &conninfo, &SETTINGS);
+    assert_eq!(
+        old.cluster.wait_for_lease(&mut old.cluster.connect()),
+        "held"
+    );
+    let holder = old.holder_name();
+    let old = Writer::with_tables("old", old.cluster);
+    old.publish(Publish::ByName);
+    old.insert_orders();
+    let new = Writer::with_tables(
+        "new",
+        Node::start("new", Some(1), &conninfo, &SETTINGS).cluster,
+    );
+    new.subscribe(&old, "copy_data = true");
+    new.wait_until_subscriptions_ready();
+
+    let mut client = new.connect();
+    assert_eq!(
+        wait_for_lease_state(
+            &mut client,
+            "held by another server",
+            Duration::from_secs(10)
+        ),
+        "held by another server"
+    );
+    let refusal = error_of(&mut client, "SELECT snowid_next()");
+    let expected = format!(
+        "55000: snowid refuses to issue ids: worker id 1 is leased by another server, {holder}, \
+         until "
+    );
+    assert!(refusal.starts_with(&expected), "{refusal}");
+    old.insert_orders();
+    let old_rows = old.rows();
+    let old_max: i64 = query_value(&mut old.connect(), "SELECT max(id) FROM orders");
+    new.wait_for_rows(old_rows);
+    assert_eq!(new.replication_errors(), 0);
+    // The switch: the subscription ends, dropping its slot on the old server, which stops.
+    client
+        .batch_execute("DROP SUBSCRIPTION new_from_old")
+        .unwrap();
+    old.cluster.stop("fast");
+    let stopped = std::time::Instant::now();
+    let first: i64 = loop {
+        match client.query_one("SELECT snowid_next()", &[]) {
+            Ok(row) => break row.get(0),
+            Err(error) => {
+                assert!(
+                    stopped.elapsed() < Duration::from_secs(10),
+                    "still refused: {}",
+                    error_text(&error)
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    println!(
+        "the new server issued {:?} after the old one stopped",
+        stopped.elapsed()
+    );
+    assert!(first > old_max, "{first} after {old_max}");
+    new.insert_orders();
+    assert_eq!(
+        new.rows_by_worker_id(),
+        [
+            (1, "new".to_string(), ROWS_PER_WRITER),
+            (1, "old".to_string(), old_rows),
+        ]
+    );
 }
