@@ -191,13 +191,16 @@ ALTER TABLE snowid.worker_lease ENABLE ALWAYS TRIGGER worker_lease_changed;
 -- snowid's tables belong to the server that holds them. A publication FOR ALL TABLES publishes
 -- them too; a subscriber with snowid skips, with a WARNING, every row of them that its
 -- subscription's worker (whose pid pg_stat_subscription shows) would write, so that another
--- server's leases and epoch never land in its registry, and refuses a TRUNCATE of them. The
+-- server's leases and epoch never land in its registry (and says so louder when a publisher
+-- leases a worker id that its table leases to another server), and refuses a TRUNCATE of them. The
 -- triggers fire only with session_replication_role = replica, as subscriptions apply changes; a
 -- maintenance session in that role writes the tables as before.
 CREATE FUNCTION snowid.keep_local() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    leased_here_to text;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_stat_subscription WHERE pid = pg_backend_pid()) THEN
         RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
@@ -206,6 +209,19 @@ BEGIN
             TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '55000',
                   HINT = 'Publish the tables to replicate by name or schema, or FOR ALL TABLES WITH (publish = ''insert, update, delete''). ALTER SUBSCRIPTION ... SKIP skips the whole transaction, with any other table''s changes in it.';
+    END IF;
+    IF TG_TABLE_NAME = 'worker_lease' AND TG_OP <> 'DELETE' THEN
+        -- A publisher's live lease on a worker id that this table leases to another server: two
+        -- servers with one worker id, whose rows meet here.
+        SELECT l.holder_name INTO leased_here_to FROM snowid.worker_lease l
+         WHERE l.worker_id = NEW.worker_id AND l.holder <> NEW.holder
+           AND l.expires_at > clock_timestamp() AND NEW.expires_at > clock_timestamp();
+        IF FOUND THEN
+            RAISE WARNING 'snowid: worker id % is leased to % in a publisher''s lease table and to % in this server''s: the two servers can issue the same ids; the row from the subscription is skipped',
+                NEW.worker_id, NEW.holder_name, leased_here_to
+                USING HINT = 'Give one of the two servers another snowid.worker_id and restart it.';
+            RETURN NULL;
+        END IF;
     END IF;
     RAISE WARNING 'snowid: % of a row of %.% from a subscription skipped: snowid''s tables belong to this server',
         TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME

@@ -627,10 +627,13 @@ fn a_standby_turned_subscriber_by_pg_createsubscriber_refuses_its_primarys_worke
     }
     standby.wait_for_rows(primary.rows());
     assert_eq!(standby.registry(), registry);
-    assert!(standby.cluster.log().contains(
+    // The primary's renewals are of the lease the standby's table gives the primary too.
+    let log = standby.cluster.log();
+    assert!(log.contains(
         "WARNING:  snowid: UPDATE of a row of snowid.worker_lease from a subscription skipped: \
          snowid's tables belong to this server"
     ));
+    assert!(!log.contains("can issue the same ids"), "{log}");
 
     client
         .batch_execute("ALTER SYSTEM SET snowid.worker_id = 2")
@@ -737,4 +740,61 @@ fn a_server_replaced_through_logical_replication_takes_its_worker_id_over_from_a
             (1, "old".to_string(), old_rows),
         ]
     );
+}
+
+/// Two writers configured with one worker id, each leasing it from its own lease table: their
+/// lease tables cannot tell, but one publishes all its tables to the other, whose subscription
+/// brings the publisher's renewals of that worker id. The subscriber names both servers in a
+/// WARNING of its own. The control: with the subscription disabled, the two insert at once, and
+/// some of their ids are the same.
+#[test]
+fn two_writers_with_one_worker_id_whose_lease_tables_meet_are_named_by_the_subscriber() {
+    let one = Writer::start("one", 1);
+    let twin = Writer::start("twin", 1);
+    one.publish(Publish::AllTables);
+    twin.subscribe(&one, "copy_data = false");
+    twin.wait_until_subscriptions_ready();
+    let holder_of = |writer: &Writer| -> String {
+        query_value(
+            &mut writer.connect(),
+            "SELECT holder_name FROM snowid.worker_lease WHERE worker_id = 1",
+        )
+    };
+    let warning = format!(
+        "WARNING:  snowid: worker id 1 is leased to {} in a publisher's lease table and to {} in \
+         this server's: the two servers can issue the same ids; the row from the subscription is \
+         skipped",
+        holder_of(&one),
+        holder_of(&twin)
+    );
+    wait_for("the subscriber's warning", REPLICATED_WITHIN, || {
+        twin.cluster.log().contains(&warning)
+    });
+    assert_eq!(twin.replication_errors(), 0);
+
+    twin.connect()
+        .batch_execute("ALTER SUBSCRIPTION twin_from_one DISABLE")
+        .unwrap();
+    // Rounds of inserts at once until the two have issued an id alike: the first, in every run
+    // seen so far.
+    let ids_of = |writer: &Writer| -> std::collections::HashSet<i64> {
+        writer
+            .connect()
+            .query("SELECT id FROM orders", &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    let mut rounds = 0;
+    let shared = loop {
+        insert_at_once(&[&one, &twin]);
+        rounds += 1;
+        let shared = ids_of(&one).intersection(&ids_of(&twin)).count();
+        if shared > 0 || rounds == 5 {
+            break shared;
+        }
+    };
+    assert!(shared > 0, "no id alike in {rounds} rounds");
+    println!("the two writers issued {shared} ids alike in {rounds} rounds");
 }
