@@ -278,6 +278,30 @@ impl Cluster {
         standby
     }
 
+    /// Waits until the apply worker of this server's subscription `name` runs. The launcher of
+    /// PostgreSQL 16.2 loses the wake-up of a subscription created while it waits for another
+    /// subscription's worker to start, and then starts the new one only after its three-minute
+    /// nap: a server that takes several subscriptions gets each once the one before it runs, as
+    /// docs/recipes.md says.
+    pub fn wait_for_subscription_worker(&self, name: &str) {
+        let mut client = self.connect();
+        wait_every_explained(
+            &format!("the apply worker of subscription {name}"),
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || {
+                query_value::<i64>(
+                    &mut client,
+                    &format!(
+                        "SELECT count(pid) FROM pg_stat_subscription
+                          WHERE subname = '{name}' AND relid IS NULL"
+                    ),
+                ) > 0
+            },
+            || format!("\n{}", self.log()),
+        );
+    }
+
     /// Turns this hot standby of `publisher` into a logical replica of it with pg_createsubscriber
     /// (PostgreSQL 17 and later) for the database `postgres`, and starts it again:
     /// pg_createsubscriber publishes all of the publisher's tables, subscribes this server to
@@ -312,8 +336,6 @@ impl Cluster {
                 ],
                 &[],
             )
-            // Where it writes the log of the server it starts.
-            .current_dir(&self.dir)
             .output()
             .unwrap();
         self.assert_ran(&output, "pg_createsubscriber");
@@ -1738,26 +1760,6 @@ pub fn held_by_refusal(worker_id: u16, holder: &str) -> String {
          restart it, or, once {holder} is stopped for good, run SELECT snowid_handover({worker_id}) \
          on this server."
     )
-}
-
-/// Waits until the apply worker of `client`'s subscription `name` runs. PostgreSQL 16.2's launcher
-/// loses the wake-up of a subscription created while it waits for another subscription's worker
-/// to start, and then starts the new one only after its three-minute nap: a server that takes
-/// several subscriptions gets each once the one before it runs, as docs/recipes.md says.
-pub fn wait_for_subscription_worker(client: &mut Client, name: &str) {
-    wait_for(
-        &format!("the apply worker of subscription {name}"),
-        Duration::from_secs(30),
-        || {
-            query_value::<i64>(
-                client,
-                &format!(
-                    "SELECT count(pid) FROM pg_stat_subscription
-                      WHERE subname = '{name}' AND relid IS NULL"
-                ),
-            ) > 0
-        },
-    );
 }
 
 /// The first two columns of the one row `sql` returns.

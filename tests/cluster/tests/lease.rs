@@ -7,7 +7,7 @@ use postgres::Client;
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
 use snowid_cluster_tests::{
     error_of, error_text, new_holder_wait_ms, server_version_num, subscription_errors, wait_for,
-    wait_for_lease_state, wait_for_subscription_worker, Cluster, Node, NEW_REGISTRY,
+    wait_for_lease_state, Cluster, Node, NEW_REGISTRY,
 };
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -163,7 +163,7 @@ fn merges_without_a_conflict_where_bigserial_stops(fleet: &mut Fleet) {
                 node.name, node.cluster.port
             ))
             .unwrap();
-        wait_for_subscription_worker(&mut merged, &node.name);
+        aggregator.wait_for_subscription_worker(&node.name);
     }
     let per_node: Vec<Vec<i64>> = std::thread::scope(|scope| {
         let inserting: Vec<_> = fleet

@@ -9,8 +9,8 @@
 use postgres::Client;
 use snowid_cluster_tests::{
     error_of, error_text, held_by_refusal, pg_config, query_value, server_version_num,
-    subscription_errors, wait_every_explained, wait_for, wait_for_lease_state,
-    wait_for_subscription_worker, Cluster, Node, RaiseOnDrop, NEW_REGISTRY,
+    subscription_errors, wait_every_explained, wait_for, wait_for_lease_state, Cluster, Node,
+    RaiseOnDrop, NEW_REGISTRY,
 };
 use std::time::Duration;
 
@@ -52,11 +52,11 @@ struct Writer {
 }
 
 /// A writer's settings: it publishes, and renews its lease every second.
-const SETTINGS: [&str; 2] = ["wal_level = logical", "snowid.lease_ttl = 3"];
+const WRITER_SETTINGS: [&str; 2] = ["wal_level = logical", "snowid.lease_ttl = 3"];
 
 impl Writer {
     fn start(name: &'static str, worker_id: u16) -> Writer {
-        let (cluster, _) = Cluster::start_leased(name, worker_id, &SETTINGS, false);
+        let (cluster, _) = Cluster::start_leased(name, worker_id, &WRITER_SETTINGS, false);
         Writer::with_tables(name, cluster)
     }
 
@@ -104,14 +104,13 @@ impl Writer {
     /// once the subscription's worker runs.
     fn subscribe(&self, publisher: &Writer, options: &str) {
         let name = format!("{}_from_{}", self.name, publisher.name);
-        let mut client = self.connect();
-        client
+        self.connect()
             .batch_execute(&format!(
                 "CREATE SUBSCRIPTION {name} CONNECTION '{}' PUBLICATION orders WITH ({options})",
                 publisher.conninfo()
             ))
             .unwrap();
-        wait_for_subscription_worker(&mut client, &name);
+        self.cluster.wait_for_subscription_worker(&name);
     }
 
     fn conninfo(&self) -> String {
@@ -615,6 +614,13 @@ fn a_standby_turned_subscriber_by_pg_createsubscriber_refuses_its_primarys_worke
     );
     // Twice the primary's lease: the row the standby copied runs out, and the refusal stays.
     let registry = standby.registry();
+    let copied_lease = || -> String {
+        query_value(
+            &mut standby.connect(),
+            "SELECT l::text FROM snowid.worker_lease l WHERE worker_id = 1",
+        )
+    };
+    let copied = copied_lease();
     let refusal = held_by_refusal(1, &holder);
     let mut primary_client = primary.connect();
     let watch = std::time::Instant::now();
@@ -627,6 +633,11 @@ fn a_standby_turned_subscriber_by_pg_createsubscriber_refuses_its_primarys_worke
     }
     standby.wait_for_rows(primary.rows());
     assert_eq!(standby.registry(), registry);
+    assert_eq!(copied_lease(), copied);
+    assert!(query_value::<bool>(
+        &mut client,
+        "SELECT expires_at < now() FROM snowid.worker_lease WHERE worker_id = 1"
+    ));
     // The primary's renewals are of the lease the standby's table gives the primary too.
     let log = standby.cluster.log();
     assert!(log.contains(
@@ -662,8 +673,9 @@ fn a_standby_turned_subscriber_by_pg_createsubscriber_refuses_its_primarys_worke
 /// server, configured with the old one's worker id and leasing it from the same shared registry,
 /// subscribes to the old one's tables with a copy. It refuses ids, naming the old server, while
 /// the old one holds the worker id and inserts on. At the switch the subscription is dropped and
-/// the old server stops cleanly, releasing the worker id: the new one takes it over, above every
-/// id the old one issued, and inserts. Its table holds every row of both.
+/// the old server stops cleanly, releasing the worker id: the new one takes it over long before
+/// the old lease would have run out, and, its clock 2 s behind, issues only above every id the old
+/// one issued. Its table holds every row of both.
 #[test]
 fn a_server_replaced_through_logical_replication_takes_its_worker_id_over_from_a_shared_registry() {
     let registry = Cluster::start("registry", &[]);
@@ -672,19 +684,18 @@ fn a_server_replaced_through_logical_replication_takes_its_worker_id_over_from_a
         "host=127.0.0.1 port={} dbname=postgres user=postgres",
         registry.port
     );
-    let old = Node::start("old", Some(1), &conninfo, &SETTINGS);
-    assert_eq!(
-        old.cluster.wait_for_lease(&mut old.cluster.connect()),
-        "held"
-    );
-    let holder = old.holder_name();
-    let old = Writer::with_tables("old", old.cluster);
+    // A lease of 30 s, renewed every 10 s: when the old server stops, 20 s or more of it are left.
+    let settings = ["wal_level = logical", "snowid.lease_ttl = 30"];
+    let old_node = Node::start("old", Some(1), &conninfo, &settings);
+    let mut old_client = old_node.cluster.connect();
+    assert_eq!(old_node.cluster.wait_for_lease(&mut old_client), "held");
+    let holder = old_node.holder_name();
+    let old = Writer::with_tables("old", old_node.cluster);
     old.publish(Publish::ByName);
     old.insert_orders();
-    let new = Writer::with_tables(
-        "new",
-        Node::start("new", Some(1), &conninfo, &SETTINGS).cluster,
-    );
+    let new_node = Node::start_with_fake_clock("new", Some(1), &conninfo, &settings);
+    new_node.cluster.set_clock_offset("-2");
+    let new = Writer::with_tables("new", new_node.cluster);
     new.subscribe(&old, "copy_data = true");
     new.wait_until_subscriptions_ready();
 
