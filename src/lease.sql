@@ -191,10 +191,11 @@ ALTER TABLE snowid.worker_lease ENABLE ALWAYS TRIGGER worker_lease_changed;
 -- snowid's tables belong to the server that holds them. A publication FOR ALL TABLES publishes
 -- them too; a subscriber with snowid skips, with a WARNING, every row of them that its
 -- subscription's worker (whose pid pg_stat_subscription shows) would write, so that another
--- server's leases and epoch never land in its registry (and says so louder when a publisher
--- leases a worker id that its table leases to another server), and refuses a TRUNCATE of them. The
--- triggers fire only with session_replication_role = replica, as subscriptions apply changes; a
--- maintenance session in that role writes the tables as before.
+-- server's leases and epoch never land in its registry, and refuses a TRUNCATE of them. A
+-- publisher's live lease on a worker id that its own table leases to another server has a
+-- WARNING of its own: two servers with one worker id. The triggers fire only with
+-- session_replication_role = replica, as subscriptions apply changes; a maintenance session in
+-- that role writes the tables as before.
 CREATE FUNCTION snowid.keep_local() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -219,7 +220,7 @@ BEGIN
         IF FOUND THEN
             RAISE WARNING 'snowid: worker id % is leased to % in a publisher''s lease table and to % in this server''s: the two servers can issue the same ids; the row from the subscription is skipped',
                 NEW.worker_id, NEW.holder_name, leased_here_to
-                USING HINT = 'Give one of the two servers another snowid.worker_id and restart it.';
+                USING HINT = 'Give one of the two servers another snowid.worker_id and restart it. Ids the two issued under worker id ' || NEW.worker_id || ' may already be the same.';
             RETURN NULL;
         END IF;
     END IF;
