@@ -1,10 +1,13 @@
 //! Writers whose rows meet through PostgreSQL's own logical replication, set up as
 //! docs/recipes.md shows: fan-in (several writers publishing into one server), active-active (two
 //! writers subscribing to each other with `origin = none`, then a third joining with a copy of the
-//! table), a published `bigserial` table converted with `snowid_convert_column()`, and a
-//! publisher's lease table, published with all its tables, edited by hand. Every row is counted on
-//! every side; beside fan-in and active-active, the same with `bigserial` keys collides, which
-//! shows that the checks can fail.
+//! table), a published `bigserial` table converted with `snowid_convert_column()`, a publisher's
+//! lease table, published with all its tables, edited by hand, a standby turned into a subscriber
+//! by pg_createsubscriber, a writer replaced by a new server that keeps its worker id through a
+//! shared registry, and two writers with one worker id. Every row is counted on every side; beside
+//! fan-in, active-active and the standby turned subscriber, the same with `bigserial` keys
+//! collides, and the two writers with one worker id issue ids alike, which shows that the checks
+//! can fail.
 
 use postgres::types::FromSqlOwned;
 use postgres::Client;
@@ -682,8 +685,12 @@ fn a_server_replaced_through_logical_replication_takes_its_worker_id_over_from_a
     // A lease of 60 s, renewed every 20 s: when the old server stops, 40 s or more of it are left.
     let settings = ["wal_level = logical", "snowid.lease_ttl = 60"];
     let old_node = Node::start("old", Some(1), &conninfo, &settings);
-    let mut old_client = old_node.cluster.connect();
-    assert_eq!(old_node.cluster.wait_for_lease(&mut old_client), "held");
+    assert_eq!(
+        old_node
+            .cluster
+            .wait_for_lease(&mut old_node.cluster.connect()),
+        "held"
+    );
     let holder = old_node.holder_name();
     let old = Writer::with_tables("old", old_node.cluster);
     old.publish(Publish::ByName);
