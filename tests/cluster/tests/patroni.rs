@@ -21,7 +21,8 @@
 use snowid_cluster_tests::ids::{unix_ms, unix_ms_of};
 use snowid_cluster_tests::patroni::*;
 use snowid_cluster_tests::{
-    assert_success, free_port, pg_config, scenario_tests, signal, signal_all, RaiseOnDrop,
+    assert_success, free_port, pg_config, scenario_tests, signal, signal_all, wait_every_explained,
+    RaiseOnDrop,
 };
 use std::fs;
 use std::path::Path;
@@ -870,15 +871,20 @@ fn a_subscriber_follows_its_publishers_failover_under_patroni_and_applies_every_
         std::thread::sleep(Duration::from_secs(3));
         cluster.one.stop_for_good();
         wait_for_promotion(&cluster.two, Duration::from_secs(60));
-        wait_until(
+        // PostgreSQL 16.2's launcher can miss the end of an apply worker that ends while it still
+        // waits for it to start, as one whose connections are refused may, and start the next only
+        // after its three-minute nap (see docs/recipes.md).
+        wait_every_explained(
             "the subscriber streaming from node2",
-            Duration::from_secs(60),
+            Duration::from_secs(200),
+            Duration::from_millis(20),
             || {
                 cluster
                     .two
                     .psql("SELECT active FROM pg_replication_slots WHERE slot_name = 'hub'")
                     .is_ok_and(|active| active.trim() == "t")
             },
+            || format!("\nthe subscriber's log:\n{}", subscriber.log()),
         );
         std::thread::sleep(Duration::from_secs(3));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
