@@ -1751,6 +1751,23 @@ pub fn subscription_errors(client: &mut Client) -> i64 {
     )
 }
 
+/// Waits until a copy's lease worker has found the lease held by `holder`, which its status names.
+pub fn wait_held_by(copy: &mut Client, holder: &str) {
+    assert_eq!(
+        wait_for_lease_state(
+            copy,
+            "held by another server",
+            std::time::Duration::from_secs(10)
+        ),
+        "held by another server"
+    );
+    let shown: String = copy
+        .query_one("SELECT lease_holder FROM snowid_status()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, holder);
+}
+
 /// The refusal of a server whose lease table says that `holder` holds `worker_id` and has not
 /// released it: a copy of `holder` (a clone, a promoted standby) beside it.
 pub fn held_by_refusal(worker_id: u16, holder: &str) -> String {

@@ -11,7 +11,7 @@
 use postgres::Client;
 use snowid_cluster_tests::{
     error_of, error_text, held_by_refusal, host_name, lease_worker_pid, new_holder_wait_ms,
-    query_value, wait_for, wait_for_lease_state, Cluster, Volume,
+    query_value, wait_for, wait_for_lease_state, wait_held_by, Cluster, Volume,
 };
 use std::time::{Duration, Instant};
 
@@ -194,19 +194,6 @@ impl Original {
             );
         }
     }
-}
-
-/// Waits until a copy's lease worker has found the lease held by `holder`, which its status names.
-fn wait_held_by(copy: &mut Client, holder: &str) {
-    assert_eq!(
-        wait_for_lease_state(copy, "held by another server", Duration::from_secs(10)),
-        "held by another server"
-    );
-    let shown: String = copy
-        .query_one("SELECT lease_holder FROM snowid_status()", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(shown, holder);
 }
 
 /// Tries `snowid_next()` every 20 ms until it succeeds, for at most `limit`; every refusal on the

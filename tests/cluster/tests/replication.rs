@@ -13,8 +13,8 @@ use postgres::types::FromSqlOwned;
 use postgres::Client;
 use snowid_cluster_tests::{
     error_of, error_text, held_by_refusal, pg_config, query_value, server_version_num,
-    subscription_errors, wait_every_explained, wait_for, wait_for_lease_state, Cluster, Node,
-    RaiseOnDrop, NEW_REGISTRY,
+    subscription_errors, wait_every_explained, wait_for, wait_for_lease_state, wait_held_by,
+    Cluster, Node, RaiseOnDrop, NEW_REGISTRY,
 };
 use std::time::Duration;
 
@@ -627,18 +627,7 @@ fn a_standby_turned_subscriber_by_pg_createsubscriber_refuses_its_primarys_worke
 
     let holder: String = primary.lease("holder_name", 1);
     let mut client = standby.connect();
-    assert_eq!(
-        wait_for_lease_state(
-            &mut client,
-            "held by another server",
-            Duration::from_secs(10)
-        ),
-        "held by another server"
-    );
-    assert_eq!(
-        query_value::<String>(&mut client, "SELECT lease_holder FROM snowid_status()"),
-        holder
-    );
+    wait_held_by(&mut client, &holder);
     // Twice the primary's lease: the row the standby copied runs out, and the refusal stays.
     let registry = standby.registry();
     let copied: String = standby.lease("l::text", 1);
